@@ -1,0 +1,32 @@
+# Two entry points, each self-installing and idempotent on a fresh machine:
+#   make demo   - creates .venv, installs, runs the embedded default job (configs/tiny.py)
+#   make test   - creates .venv with the test extra, runs the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= /tmp/sage_jax_demo
+
+.PHONY: demo test install install-test clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(PY) -m sage_jax.demo --workdir=$(WORKDIR)
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

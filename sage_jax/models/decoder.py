@@ -1,0 +1,222 @@
+"""Flax NNX decoder for the Qwen2 / Qwen2.5 / Qwen3 / Llama 3 families: one code path, config flags.
+
+Dimension key: B batch, T query length, S key/cache length, D model, F MLP, H query heads, K kv heads,
+G = H / K (query heads per kv head), Dh head dim, V vocab, L layers.
+
+Every weight carries its logical axis names (`axes=` metadata on the `nnx.Param`); `sage_jax.sharding`
+maps them to mesh axes with one rules table. Parameters are stored in `param_dtype` and cast to the
+compute `dtype` at use; normalisation statistics, softmax and RoPE run in float32.
+
+Positions come from the attention mask (`cumsum(mask) - 1`), so left-padded batches give each real
+token the position it would have unpadded. Causality is by cache slot: with left padding, slot order
+is token order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sage_jax.models.config import ModelConfig
+
+Array = jax.Array
+_NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
+
+
+def _init(rngs: nnx.Rngs, shape, dtype, std=0.02):
+    return std * jax.random.normal(rngs.params(), shape, dtype)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32, axis_name: str = "norm"):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), axes=(axis_name,))
+
+    def __call__(self, x: Array) -> Array:
+        # As in HF: statistics in float32, cast back, then scale in the input dtype.
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------ RoPE
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [Dh/2] (float64 on the host; a compile-time constant)."""
+    dh = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dh, 2, dtype=np.float64) / dh))
+    if cfg.rope_type == "linear":
+        inv = inv / cfg.rope_factor
+    elif cfg.rope_type == "llama3":
+        # Llama 3.1 "llama3" rope: long wavelengths divided by `factor`, short ones kept, smooth in between.
+        factor, lo, hi = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        old = cfg.rope_original_max_positions
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        inv = np.where(medium, smoothed, scaled)
+    return inv
+
+
+def rope_cos_sin(cfg: ModelConfig, positions_BxT: Array) -> tuple[Array, Array]:
+    inv = jnp.asarray(rope_inv_freq(cfg), jnp.float32)
+    freqs = positions_BxT.astype(jnp.float32)[..., None] * inv  # BxTx(Dh/2)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # BxTx1xDh, broadcast over heads
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_BxTxNxDh: Array, cos: Array, sin: Array) -> Array:
+    x = x_BxTxNxDh.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)  # HF rotate_half (non-interleaved halves)
+    return (x * cos + rotated * sin).astype(x_BxTxNxDh.dtype)
+
+
+# ------------------------------------------------------------------------------------------ blocks
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg, self.dtype = cfg, dtype
+        self.wq = nnx.Param(_init(rngs, (D, H, Dh), param_dtype), axes=("embed", "q_heads", "head_dim"))
+        self.wk = nnx.Param(_init(rngs, (D, K, Dh), param_dtype), axes=("embed", "kv_heads", "head_dim"))
+        self.wv = nnx.Param(_init(rngs, (D, K, Dh), param_dtype), axes=("embed", "kv_heads", "head_dim"))
+        self.wo = nnx.Param(_init(rngs, (H, Dh, D), param_dtype), axes=("q_heads", "head_dim", "embed"))
+        if cfg.qkv_bias:
+            self.bq = nnx.Param(jnp.zeros((H, Dh), param_dtype), axes=("q_heads", "head_dim"))
+            self.bk = nnx.Param(jnp.zeros((K, Dh), param_dtype), axes=("kv_heads", "head_dim"))
+            self.bv = nnx.Param(jnp.zeros((K, Dh), param_dtype), axes=("kv_heads", "head_dim"))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+            self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
+
+    def _proj(self, x, w, b):
+        y = jnp.einsum("btd,dnh->btnh", x, w[...].astype(self.dtype))
+        return y if b is None else y + b[...].astype(self.dtype)
+
+    def __call__(self, x_BxTxD, cos, sin, kv_mask_BxS, cache=None, cache_index=None):
+        cfg = self.cfg
+        bias = cfg.qkv_bias
+        q = self._proj(x_BxTxD, self.wq, self.bq if bias else None)  # BxTxHxDh
+        k = self._proj(x_BxTxD, self.wk, self.bk if bias else None)  # BxTxKxDh
+        v = self._proj(x_BxTxD, self.wv, self.bv if bias else None)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        B, T = x_BxTxD.shape[:2]
+        if cache is None:
+            k_all, v_all, start = k, v, 0
+        else:
+            # In-place write of this chunk into the (donated) static-shape cache.
+            idx = (0, cache_index, 0, 0)
+            k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx)
+            v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx)
+            cache = {"k": k_all, "v": v_all}
+            start = cache_index
+            k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
+        S = k_all.shape[1]
+        q_slot = start + jnp.arange(T)
+        causal_TxS = jnp.arange(S)[None, :] <= q_slot[:, None]
+        mask_BxTxS = causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
+        qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_all) * (cfg.head_dim ** -0.5)
+        scores = jnp.where(mask_BxTxS[:, None, None], scores.astype(jnp.float32), _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all).reshape(B, T, cfg.num_heads, cfg.head_dim)
+        y = jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype))
+        return y, cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        self.dtype = dtype
+        self.w_gate = nnx.Param(_init(rngs, (D, F), param_dtype), axes=("embed", "mlp"))
+        self.w_up = nnx.Param(_init(rngs, (D, F), param_dtype), axes=("embed", "mlp"))
+        self.w_down = nnx.Param(_init(rngs, (F, D), param_dtype), axes=("mlp", "embed"))
+
+    def __call__(self, x):
+        c = lambda p: p[...].astype(self.dtype)
+        h = jax.nn.silu(x @ c(self.w_gate)) * (x @ c(self.w_up))
+        return h @ c(self.w_down)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        self.mlp = MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x, cos, sin, kv_mask, cache=None, cache_index=None):
+        h, cache = self.attn(self.input_norm(x), cos, sin, kv_mask, cache, cache_index)
+        x = x + h
+        return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+def positions_from_mask(mask_BxT: Array) -> Array:
+    """Position ids that follow the attention mask (left padding gets the unpadded positions)."""
+    return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+class Decoder(nnx.Module):
+    """Causal LM. `model(tokens_BxT, attention_mask=None) -> logits_BxTxV (float32)`."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.cfg, self.dtype = cfg, dtype
+        self.embed = nnx.Param(_init(rngs, (cfg.vocab_size, cfg.hidden_size), param_dtype), axes=("vocab", "embed"))
+        self.layers = nnx.List([Block(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                                for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nnx.Param(_init(rngs, (cfg.hidden_size, cfg.vocab_size), param_dtype),
+                                     axes=("embed", "vocab"))
+
+    def unembed_matrix(self) -> Array:
+        """DxV output projection in the compute dtype (the transposed embedding when tied)."""
+        w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return w.astype(self.dtype)
+
+    def forward(self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array,
+                cache: list[dict[str, Array]] | None = None, cache_index: Array | int | None = None):
+        """Final hidden states BxTxD (after the final norm) and the updated cache.
+
+        Without a cache, S == T and `kv_mask_BxS` is the attention mask. With a cache of S slots, this
+        chunk is written at slots [cache_index, cache_index + T) and `kv_mask_BxS` marks valid slots.
+        """
+        x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(self.dtype)
+        cos, sin = rope_cos_sin(self.cfg, positions_BxT)
+        new_cache = [] if cache is not None else None
+        for i, layer in enumerate(self.layers):
+            x, c = layer(x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
+            if cache is not None:
+                new_cache.append(c)
+        return self.final_norm(x), new_cache
+
+    def logits(self, hidden_BxTxD: Array) -> Array:
+        return jnp.einsum("btd,dv->btv", hidden_BxTxD, self.unembed_matrix(),
+                          preferred_element_type=jnp.float32)
+
+    def __call__(self, tokens_BxT: Array, attention_mask: Array | None = None) -> Array:
+        if attention_mask is None:
+            attention_mask = jnp.ones(tokens_BxT.shape, jnp.int32)
+        hidden, _ = self.forward(tokens_BxT, positions_from_mask(attention_mask), attention_mask)
+        return self.logits(hidden)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> list[dict[str, Array]]:
+    """Static-shape KV cache: per layer k, v of shape BxSxKxDh (kept in the decode loop carry)."""
+    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(cfg.num_layers)]
+
+
+def param_count(model: nnx.Module) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -1,0 +1,242 @@
+"""Hugging Face checkpoints <-> the NNX decoder.
+
+`load(path, dtype, mesh)` reads `config.json` and `model.safetensors` (or a sharded
+`model.safetensors.index.json`) tensor by tensor from memory maps, converts each through the name
+table below with a shape assertion, and places it straight into its target sharding
+(`jax.make_array_from_callback`: every device receives only its own shard). `save` writes the HF
+layout back, loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sage_jax import sharding as shd
+from sage_jax.models import safetensors_io as st
+from sage_jax.models.config import ConfigError, ModelConfig
+from sage_jax.models.decoder import Decoder
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja",
+                   "added_tokens.json")
+_ARCH = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the model; the message names the file / key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    hf_name: str
+    path: tuple  # path in the NNX state
+    hf_shape: tuple[int, ...]
+    to_ours: Callable[[np.ndarray], np.ndarray]
+    to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _t(x):
+    return x.T
+
+
+def name_table(cfg: ModelConfig) -> list[Entry]:
+    """The conversion table: HF tensor name, our state path, HF shape, and the two layout maps."""
+    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    ident = lambda x: x
+    rows = [Entry("model.embed_tokens.weight", ("embed",), (V, D), ident, ident),
+            Entry("model.norm.weight", ("final_norm", "scale"), (D,), ident, ident)]
+    if not cfg.tie_word_embeddings:
+        rows.append(Entry("lm_head.weight", ("lm_head",), (V, D), _t, _t))
+    for i in range(cfg.num_layers):
+        p, a = f"model.layers.{i}.", ("layers", i)
+        # HF linear weights are [out, in]; ours are [in, ...out] with heads split out.
+        heads = lambda n: Entry(f"{p}self_attn.{n[0]}_proj.weight", a + ("attn", f"w{n[0]}"), (n[1] * Dh, D),
+                                lambda x, n=n: x.T.reshape(D, n[1], Dh), lambda x, n=n: x.reshape(D, n[1] * Dh).T)
+        rows += [Entry(f"{p}input_layernorm.weight", a + ("input_norm", "scale"), (D,), ident, ident),
+                 Entry(f"{p}post_attention_layernorm.weight", a + ("post_attn_norm", "scale"), (D,), ident, ident),
+                 heads(("q", H)), heads(("k", K)), heads(("v", K)),
+                 Entry(f"{p}self_attn.o_proj.weight", a + ("attn", "wo"), (D, H * Dh),
+                       lambda x: x.T.reshape(H, Dh, D), lambda x: x.reshape(H * Dh, D).T),
+                 Entry(f"{p}mlp.gate_proj.weight", a + ("mlp", "w_gate"), (F, D), _t, _t),
+                 Entry(f"{p}mlp.up_proj.weight", a + ("mlp", "w_up"), (F, D), _t, _t),
+                 Entry(f"{p}mlp.down_proj.weight", a + ("mlp", "w_down"), (D, F), _t, _t)]
+        if cfg.qkv_bias:
+            for n, nh in (("q", H), ("k", K), ("v", K)):
+                rows.append(Entry(f"{p}self_attn.{n}_proj.bias", a + ("attn", f"b{n}"), (nh * Dh,),
+                                  lambda x, nh=nh: x.reshape(nh, Dh), lambda x, nh=nh: x.reshape(nh * Dh)))
+        if cfg.qk_norm:
+            rows += [Entry(f"{p}self_attn.q_norm.weight", a + ("attn", "q_norm", "scale"), (Dh,), ident, ident),
+                     Entry(f"{p}self_attn.k_norm.weight", a + ("attn", "k_norm", "scale"), (Dh,), ident, ident)]
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ files
+def _resolve(path: str) -> str:
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise ConfigError(f"{path}: not a directory (expected an HF model directory with config.json)")
+    if path.count("/") == 1 and not path.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+            return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
+        except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+            raise ConfigError(f"{path}: not a local directory and the hub download failed "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              "download it where you are online and pass the local path") from None
+    raise ConfigError(f"{path}: no such directory")
+
+
+def _open_tensors(path: str) -> dict[str, st.SafetensorsFile]:
+    """Maps each tensor name to the opened file that holds it."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: malformed index ({type(e).__name__}: {e})") from None
+        files = {fn: None for fn in weight_map.values()}
+        for fn in files:
+            full = os.path.join(path, fn)
+            if not os.path.isfile(full):
+                raise CheckpointError(f"{full}: listed in {INDEX_FILE} but missing")
+            files[fn] = st.SafetensorsFile(full)
+        return {name: files[fn] for name, fn in weight_map.items()}
+    single = os.path.join(path, SINGLE_FILE)
+    if not os.path.isfile(single):
+        raise CheckpointError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+    f = st.SafetensorsFile(single)
+    return {name: f for name in f.keys()}
+
+
+def _check_names(path, table, tensors, tied):
+    expected = {e.hf_name for e in table}
+    present = set(tensors)
+    ignorable = {"lm_head.weight"} if tied else set()  # some tied checkpoints still store the head
+    ignorable |= {n for n in present if n.endswith("rotary_emb.inv_freq")}
+    missing, unexpected = sorted(expected - present), sorted(present - expected - ignorable)
+    if missing or unexpected:
+        show = lambda xs: ", ".join(xs[:6]) + (f" (+{len(xs) - 6} more)" if len(xs) > 6 else "")
+        raise CheckpointError(f"{path}: tensors do not match the model: missing [{show(missing)}]; "
+                              f"unexpected [{show(unexpected)}]")
+
+
+# ------------------------------------------------------------------------------------------ load
+def abstract_model(cfg: ModelConfig, dtype=jnp.float32, param_dtype=None) -> tuple[nnx.GraphDef, nnx.State]:
+    """GraphDef and abstract state (ShapeDtypeStructs): nothing allocated."""
+    pd = dtype if param_dtype is None else param_dtype
+    return nnx.split(nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=pd, rngs=nnx.Rngs(0))))
+
+
+def load(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None, param_dtype=None,
+         rules=None) -> tuple[Decoder, ModelConfig]:
+    """Loads an HF checkpoint directory (or hub id when online) into a sharded NNX Decoder."""
+    path = _resolve(path)
+    cfg, _ = ModelConfig.from_hf_dir(path)
+    graphdef, state = abstract_model(cfg, dtype, param_dtype)
+    flat = dict(nnx.to_flat_state(state))
+    tensors = _open_tensors(path)
+    table = name_table(cfg)
+    _check_names(path, table, tensors, cfg.tie_word_embeddings)
+    if mesh is None:
+        mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), shd.MESH_AXES)
+    for e in table:
+        f = tensors[e.hf_name]
+        if f.shape(e.hf_name) != e.hf_shape:
+            raise CheckpointError(f"{f.path}: tensor {e.hf_name!r} has shape {list(f.shape(e.hf_name))}, "
+                                  f"the config implies {list(e.hf_shape)}")
+        var = flat[e.path]
+        target = var.get_value()
+        arr = np.asarray(e.to_ours(f[e.hf_name]))  # a view of the memory map where the map is a transpose
+        assert arr.shape == target.shape, (e.hf_name, arr.shape, target.shape)
+        sharding = shd.sharding_for(target.shape, var.get_metadata().get("axes"), mesh, rules)
+        value = jax.make_array_from_callback(
+            target.shape, sharding, lambda idx, arr=arr, dt=target.dtype: np.asarray(arr[idx]).astype(dt))
+        flat[e.path] = var.replace(value)
+    model = nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())))
+    return model, cfg
+
+
+# ------------------------------------------------------------------------------------------ save
+def to_hf_config(cfg: ModelConfig, dtype=jnp.float32) -> dict:
+    d = {
+        "architectures": [_ARCH[cfg.model_type]], "model_type": cfg.model_type, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position_embeddings,
+        "bos_token_id": cfg.bos_token_id, "pad_token_id": cfg.pad_token_id,
+        "eos_token_id": (list(cfg.eos_token_ids) if len(cfg.eos_token_ids) > 1 else
+                         (cfg.eos_token_ids[0] if cfg.eos_token_ids else None)),
+        "torch_dtype": jnp.dtype(dtype).name, "use_cache": True,
+    }
+    if cfg.rope_type == "linear":
+        d["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_factor}
+    elif cfg.rope_type == "llama3":
+        d["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
+                             "low_freq_factor": cfg.rope_low_freq_factor,
+                             "high_freq_factor": cfg.rope_high_freq_factor,
+                             "original_max_position_embeddings": cfg.rope_original_max_positions}
+    if cfg.model_type != "qwen2":
+        d["attention_bias"] = False
+    if cfg.model_type == "llama":
+        d["mlp_bias"] = False
+    else:
+        d["use_sliding_window"] = False
+    return d
+
+
+def save(model: Decoder, config: ModelConfig, out_dir: str, tokenizer=None, dtype=None) -> str:
+    """Writes config.json + model.safetensors (+ tokenizer files) that `transformers` loads.
+
+    `tokenizer`: a transformers tokenizer (saved with `save_pretrained`) or a directory whose tokenizer
+    files are copied. `dtype`: on-disk dtype (default: the parameters' own).
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    tensors = {}
+    for e in name_table(config):
+        value = np.asarray(jax.device_get(flat[e.path].get_value()))
+        if dtype is not None:
+            value = value.astype(dtype)
+        hf = np.ascontiguousarray(e.to_hf(value))
+        assert hf.shape == e.hf_shape, (e.hf_name, hf.shape, e.hf_shape)
+        tensors[e.hf_name] = hf
+    disk_dtype = next(iter(tensors.values())).dtype
+    st.save_file(tensors, os.path.join(out_dir, SINGLE_FILE))
+    stale = os.path.join(out_dir, INDEX_FILE)
+    if os.path.exists(stale):
+        os.remove(stale)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(to_hf_config(config, disk_dtype), f, indent=2)
+    if isinstance(tokenizer, str):
+        for fn in TOKENIZER_FILES:
+            src = os.path.join(tokenizer, fn)
+            if os.path.isfile(src) and os.path.abspath(src) != os.path.abspath(os.path.join(out_dir, fn)):
+                shutil.copy(src, out_dir)
+    elif tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def load_tokenizer(path: str):
+    """`transformers.AutoTokenizer` from the model directory (its own chat template applies)."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(_resolve(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: no usable tokenizer ({str(e).splitlines()[0]})") from None
