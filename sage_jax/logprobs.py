@@ -1,0 +1,66 @@
+"""Per-token log-probabilities and entropies without materialising float32 [B, T, V] logits.
+
+Dimension key: B batch, T sequence, D model, V vocab, C chunk length.
+
+The sequence is cut into chunks of C positions; each chunk's logits (BxCxV, float32) live only inside a
+`jax.checkpoint`ed scan body, so the backward pass recomputes them chunk by chunk instead of keeping
+them all. At V = 152k, B = 8, T = 4k this is the difference between 20 GB and a few hundred MB.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def _chunk_stats(hidden_BxCxD, unembed_DxV, targets_BxC, temperature):
+    logits = jnp.einsum("bcd,dv->bcv", hidden_BxCxD, unembed_DxV, preferred_element_type=jnp.float32)
+    logits = logits / temperature
+    logz = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets_BxC[..., None], axis=-1)[..., 0]
+    probs = jnp.exp(logits - logz[..., None])
+    # H = logZ - sum_v p_v * logit_v; detached: the guides use entropy as a constant signal.
+    entropy = logz - jnp.sum(jax.lax.stop_gradient(probs) * logits, axis=-1)
+    return tgt - logz, jax.lax.stop_gradient(entropy)
+
+
+def token_logp_entropy(hidden_BxTxD: Array, unembed_DxV: Array, targets_BxT: Array, chunk: int = 256,
+                       temperature: float = 1.0) -> tuple[Array, Array]:
+    """log p(target_t) and the full-distribution entropy at every position, both BxT float32.
+
+    `hidden_BxTxD[:, t]` predicts `targets_BxT[:, t]`. Differentiable in the log-probs; the entropy is
+    stop-gradient.
+    """
+    B, T, D = hidden_BxTxD.shape
+    C = min(chunk, T)
+    pad = (-T) % C
+    if pad:
+        hidden_BxTxD = jnp.pad(hidden_BxTxD, ((0, 0), (0, pad), (0, 0)))
+        targets_BxT = jnp.pad(targets_BxT, ((0, 0), (0, pad)))
+    n = (T + pad) // C
+    h = hidden_BxTxD.reshape(B, n, C, D).swapaxes(0, 1)  # n x B x C x D
+    y = targets_BxT.reshape(B, n, C).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def body(_, xs):
+        return None, _chunk_stats(xs[0], unembed_DxV, xs[1], temperature)
+
+    _, (logp, ent) = jax.lax.scan(body, None, (h, y))
+    fold = lambda a: a.swapaxes(0, 1).reshape(B, n * C)[:, :T]
+    return fold(logp), fold(ent)
+
+
+def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_start: int, chunk: int = 256,
+                          temperature: float = 1.0) -> tuple[Array, Array]:
+    """Log-probs / entropies of the completion tokens `tokens_BxS[:, completion_start:]`.
+
+    `tokens_BxS` = left-padded prompt (P = completion_start) followed by the completion (T); returns BxT.
+    The hidden state at position s predicts token s + 1.
+    """
+    from sage_jax.models.decoder import positions_from_mask
+
+    hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS)
+    h = hidden[:, completion_start - 1:-1]
+    return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature)

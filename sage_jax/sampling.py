@@ -1,0 +1,211 @@
+"""Jitted generation with a static-shape KV cache.
+
+Dimension key: B batch (rows), P prompt length (left padded), T max new tokens, S = P + T cache slots,
+V vocab.
+
+One prefill pass writes the prompt into the cache (positions from the attention mask); a
+`lax.while_loop` then decodes one token per iteration until every row has emitted an EOS / stop id or T
+tokens exist. Each layer's cache is a separate array in the loop carry, updated in place with
+`dynamic_update_slice` (no per-step re-stacking of a scanned cache).
+
+Sampling: logits / temperature, then top-k, top-p (nucleus) and min-p filters (in that order, as in
+transformers and vLLM); `temperature == 0` is greedy. `logp_BxT` is the log-probability of each sampled
+token under the distribution it was sampled from (after temperature and filters; under greedy, the
+model's temperature-1 distribution). `entropy_BxT` is the entropy of the temperature-scaled, unfiltered
+distribution. The completion mask is 1 up to and including the first EOS and 0 after it; tokens after
+it are `pad_id`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sage_jax.models.decoder import init_cache, positions_from_mask
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 64  # T, tokens
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept, (0, 1]
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens with p < min_p * p_max; 0 = off
+    eos_ids: tuple[int, ...] = ()  # stop ids (EOS and e.g. <|im_end|>)
+    pad_id: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+
+class SampleOutput(NamedTuple):
+    tokens_BxT: Array  # int32, pad_id after the first EOS
+    mask_BxT: Array  # int32, 1 on real completion tokens (incl. the EOS)
+    logp_BxT: Array  # float32, 0 where mask == 0
+    entropy_BxT: Array  # float32, 0 where mask == 0
+    num_steps: Array  # decode iterations run (<= T)
+
+
+def filter_logits(logits_BxV: Array, cfg: SamplingConfig) -> Array:
+    """Temperature-scaled logits with the filtered-out tokens at -inf."""
+    x = logits_BxV.astype(jnp.float32) / cfg.temperature
+    if cfg.top_k and cfg.top_k < x.shape[-1]:
+        kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
+        x = jnp.where(x < kth, -jnp.inf, x)
+    if cfg.top_p < 1.0:
+        srt = jnp.sort(x, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(srt, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs  # keep a token if the mass before it < top_p
+        keep = mass_before < cfg.top_p
+        thresh = jnp.min(jnp.where(keep, srt, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x < thresh, -jnp.inf, x)
+    if cfg.min_p > 0.0:
+        logp = jax.nn.log_softmax(x, axis=-1)
+        x = jnp.where(logp < jnp.log(cfg.min_p) + jnp.max(logp, axis=-1, keepdims=True), -jnp.inf, x)
+    return x
+
+
+def sample_token(logits_BxV: Array, key: Array, cfg: SamplingConfig) -> tuple[Array, Array, Array]:
+    """(token_B, logp_B, entropy_B) for one decode step."""
+    if cfg.temperature == 0.0:
+        lsm = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
+        tok = jnp.argmax(lsm, axis=-1)
+        lp = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
+    else:
+        lsm = jax.nn.log_softmax(logits_BxV.astype(jnp.float32) / cfg.temperature, axis=-1)
+        filtered = filter_logits(logits_BxV, cfg)
+        tok = jax.random.categorical(key, filtered, axis=-1)
+        lp = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1), tok[:, None], axis=-1)[:, 0]
+    ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+    return tok.astype(jnp.int32), lp, ent
+
+
+def _is_stop(tok_B: Array, cfg: SamplingConfig) -> Array:
+    if not cfg.eos_ids:
+        return jnp.zeros(tok_B.shape, bool)
+    return jnp.isin(tok_B, jnp.asarray(cfg.eos_ids, jnp.int32))
+
+
+def generate(model, prompt_BxP: Array, prompt_mask_BxP: Array, key: Array, cfg: SamplingConfig,
+             cache_dtype=None) -> SampleOutput:
+    """Samples up to T tokens per row. `model` is a Decoder (merged inside the caller's jit)."""
+    B, P = prompt_BxP.shape
+    T = cfg.max_new_tokens
+    mcfg = model.cfg
+    cache = init_cache(mcfg, B, P + T, cache_dtype or model.dtype)
+    prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
+    kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.ones((B, T), jnp.int32)], axis=1)
+    hidden, cache = model.forward(prompt_BxP, positions_from_mask(prompt_mask_BxP), kv_mask_BxS, cache, 0)
+    logits = model.logits(hidden[:, -1:])[:, 0]
+    prompt_len_B = jnp.sum(prompt_mask_BxP, axis=1)
+
+    tok, lp, ent = sample_token(logits, jax.random.fold_in(key, 0), cfg)
+    zeros_f = jnp.zeros((B, T), jnp.float32)
+    tokens = jnp.full((B, T), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
+    logps, ents = zeros_f.at[:, 0].set(lp), zeros_f.at[:, 0].set(ent)
+    mask = jnp.zeros((B, T), jnp.int32).at[:, 0].set(1)
+    done = _is_stop(tok, cfg)
+
+    def cond(carry):
+        t, _, _, _, _, done, _, _ = carry
+        return (t < T) & ~jnp.all(done)
+
+    def body(carry):
+        t, tokens, logps, ents, mask, done, prev, cache = carry
+        pos = (prompt_len_B + t - 1)[:, None]
+        hidden, cache = model.forward(prev[:, None], pos, kv_mask_BxS, cache, P + t - 1)
+        tok, lp, ent = sample_token(model.logits(hidden)[:, 0], jax.random.fold_in(key, t), cfg)
+        live = ~done
+        tok = jnp.where(live, tok, cfg.pad_id)
+        upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))
+        tokens = upd(tokens, tok)
+        logps = upd(logps, jnp.where(live, lp, 0.0))
+        ents = upd(ents, jnp.where(live, ent, 0.0))
+        mask = upd(mask, live.astype(jnp.int32))
+        done = done | _is_stop(tok, cfg)
+        return t + 1, tokens, logps, ents, mask, done, tok, cache
+
+    carry = (jnp.int32(1), tokens, logps, ents, mask, done, tok, cache)
+    t, tokens, logps, ents, mask, _, _, _ = jax.lax.while_loop(cond, body, carry)
+    return SampleOutput(tokens, mask, logps, ents, t)
+
+
+def make_generate_fn(graphdef: nnx.GraphDef, cfg: SamplingConfig, cache_dtype=None):
+    """jit(state, prompt_BxP, prompt_mask_BxP, key) -> SampleOutput, compiled once per prompt shape."""
+    @jax.jit
+    def fn(state, prompt_BxP, prompt_mask_BxP, key):
+        return generate(nnx.merge(graphdef, state), prompt_BxP, prompt_mask_BxP, key, cfg, cache_dtype)
+    return fn
+
+
+# ------------------------------------------------------------------------------------------ text
+class Completion(NamedTuple):
+    text: str
+    num_tokens: int
+    mean_entropy: float  # nats, mean over the completion's tokens
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pads token lists to a length rounded up to `multiple` (bounds recompilation)."""
+    P = max(1, max(len(r) for r in rows))
+    P = -(-P // multiple) * multiple
+    toks = np.full((len(rows), P), pad_id, np.int32)
+    mask = np.zeros((len(rows), P), np.int32)
+    for i, r in enumerate(rows):
+        if len(r):
+            toks[i, P - len(r):] = r
+            mask[i, P - len(r):] = 1
+    return toks, mask
+
+
+class TextSampler:
+    """Strings in, completions out: the `Generator` that evaluation and the demo use.
+
+    `generate(prompts, n, seed)` returns, for each prompt, n sampled `Completion`s. Rows are processed in
+    batches of `batch_size` (a fixed shape, so one compilation serves all batches).
+    """
+
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, chat_template: bool = False):
+        self.graphdef, self.state = nnx.split(model)
+        self.tokenizer, self.cfg, self.batch_size = tokenizer, cfg, batch_size
+        self.chat_template = chat_template
+        self._fn = make_generate_fn(self.graphdef, cfg)
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.chat_template:
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                      add_generation_prompt=True, tokenize=True)
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts: Sequence[str], n: int, seed: int) -> list[list[Completion]]:
+        rows = [ids for ids in (self.encode(p) for p in prompts) for _ in range(n)]
+        out: list[Completion] = []
+        key = jax.random.key(seed)
+        for b, start in enumerate(range(0, len(rows), self.batch_size)):
+            chunk = rows[start:start + self.batch_size]
+            filler = self.batch_size - len(chunk)
+            toks, mask = left_pad(chunk + [chunk[-1]] * filler, self.cfg.pad_id)
+            res = jax.device_get(self._fn(self.state, toks, mask, jax.random.fold_in(key, b)))
+            for i in range(len(chunk)):
+                m = res.mask_BxT[i].astype(bool)
+                ids = res.tokens_BxT[i][m].tolist()
+                ent = float(res.entropy_BxT[i][m].mean()) if m.any() else 0.0
+                out.append(Completion(self.tokenizer.decode(ids, skip_special_tokens=True), int(m.sum()), ent))
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
