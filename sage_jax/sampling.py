@@ -189,9 +189,9 @@ class TextSampler:
         self._fn = make_generate_fn(self.graphdef, cfg)
 
     def encode(self, prompt: str) -> list[int]:
-        if self.chat_template:
-            return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                      add_generation_prompt=True, tokenize=True)
+        if self.chat_template:  # render to text, then tokenize: special tokens in the text are matched
+            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                        add_generation_prompt=True, tokenize=False)
         return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def generate(self, prompts: Sequence[str], n: int, seed: int) -> list[list[Completion]]:

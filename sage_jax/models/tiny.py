@@ -1,0 +1,40 @@
+"""The embedded default's model family: a character-level tokenizer and a tiny Qwen2 config.
+
+Characters are printable ASCII (the procedural task needs nothing else); three special tokens follow
+the Qwen2 chat convention so the same templates and stop ids work for tiny and real models.
+"""
+
+from __future__ import annotations
+
+import string
+
+from sage_jax.models.config import ModelConfig
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # pad, turn start, turn end (= EOS)
+CHARS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def char_tokenizer():
+    """A `transformers` fast tokenizer: one token per character, specials matched whole."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIALS[0], eos_token=SPECIALS[2])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4, num_kv_heads: int = 2,
+                intermediate_size: int = 384) -> ModelConfig:
+    return ModelConfig(model_type="qwen2", vocab_size=len(SPECIALS) + len(CHARS), hidden_size=hidden_size,
+                       intermediate_size=intermediate_size, num_layers=num_layers, num_heads=num_heads,
+                       num_kv_heads=num_kv_heads, head_dim=hidden_size // num_heads, qkv_bias=True,
+                       tie_word_embeddings=True, max_position_embeddings=1024, rope_theta=10000.0,
+                       bos_token_id=None, eos_token_ids=(2,), pad_token_id=0)
