@@ -1,0 +1,266 @@
+"""Policy surrogate, KL estimators against SAGE's shaped anchor, and loss aggregation.
+
+Dimension key: ``B`` batch (completions), ``G`` group size, ``T`` completion length,
+``V`` vocab. ``m_t`` = 1 on real completion tokens, 0 on padding and after EOS.
+
+Per token (DESIGN §2)::
+
+    lp_t  = log pi_theta(y_t | .)            differentiated
+    old_t = same under the sampling policy    stop-gradient (None -> lp_t, one update per rollout)
+    ref_t = same under pi_ref                 stop-gradient
+    a_t   = ref_t + log q_t                   shaped anchor, q a constant for the gradient
+    d_t   = a_t - lp_t
+    kl_t  = exp(d_t) - d_t - 1  (k3, default) | -d_t  (k1) | d_t^2 / 2  (k2)
+    r_t   = exp(lp_t - old_t)                                          (token level)
+          | exp(sum_t m_t (lp_t - old_t) / sum_t m_t)                   (sequence level, GSPO)
+    pg_t  = -min(min(r_t, delta) A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i)
+    l_t   = pg_t + beta kl_t                 (beta = 0: no KL term, no reference needed)
+
+The optional ``delta`` cap (two-sided clipping) caps only the unclipped branch, as in TRL; with
+``delta >= 1 + eps_high`` (enforced) this equals ``r_t <- min(r_t, delta)`` applied before the
+clip. Aggregation (``loss_type``)::
+
+    grpo:    mean_i [ sum_t m l / max(1, sum_t m) ]
+    bnpo:    sum m l / max(1, sum m)                       over this micro-batch
+    dr_grpo: sum m l / (B * T_max)                          T_max = max completion length
+    dapo:    sum m l / N_gen                                N_gen = completion tokens in the whole
+                                                            generation batch (``num_batch_tokens``)
+
+With ``dapo`` the micro-batch losses *sum* to the full-batch loss, so accumulate micro-batch
+gradients by summation (if your accumulator averages over M micro-batches, pass
+``num_batch_tokens = N_gen / M``).
+
+Forward-KL baseline (``kl_mode="forward"``): ``kl_t = sum_v pi_ref(v) (log pi_ref(v) -
+log pi_theta(v))`` exact per position, from ``forward_kl_from_logits`` which the caller applies
+per sequence chunk (never the full [B, T, V] float32 logits) and passes in as ``forward_kl_BxT``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+ESTIMATORS = ("k1", "k2", "k3")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+KL_MODES = ("reverse", "forward")
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """Static loss configuration (frozen, hashable: usable as a static jit argument)."""
+
+    loss_type: str = "grpo"  # aggregation: grpo | bnpo | dr_grpo | dapo
+    beta: float = 0.04  # KL coefficient (dimensionless, per token); 0 disables the KL term
+    estimator: str = "k3"  # reverse-KL estimator against the shaped anchor: k1 | k2 | k3
+    kl_mode: str = "reverse"  # reverse (shaped anchor, estimator) | forward (exact, to pi_ref)
+    eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low (dimensionless)
+    eps_high: float = 0.2  # PPO clip above: ratio <= 1 + eps_high (DAPO clip-higher: 0.28)
+    delta: float | None = None  # cap on the unclipped ratio (two-sided clip); >= 1 + eps_high
+    importance_sampling_level: str = "token"  # token | sequence (GSPO geometric mean)
+    max_completion_length: int | None = None  # T_max of dr_grpo, tokens; None -> the T axis
+
+    def __post_init__(self) -> None:
+        def choice(field: str, choices: tuple) -> None:
+            v = getattr(self, field)
+            if v not in choices:
+                raise ValueError(f"LossConfig.{field}={v!r} is not one of {choices}")
+
+        choice("loss_type", LOSS_TYPES)
+        choice("estimator", ESTIMATORS)
+        choice("kl_mode", KL_MODES)
+        choice("importance_sampling_level", IS_LEVELS)
+        if self.beta < 0:
+            raise ValueError(f"LossConfig.beta must be >= 0, got {self.beta}")
+        if not 0 <= self.eps_low < 1:
+            raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low}")
+        if self.eps_high < 0:
+            raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high}")
+        if self.delta is not None and self.delta < 1 + self.eps_high:
+            raise ValueError(
+                f"LossConfig.delta={self.delta} must be >= 1 + eps_high={1 + self.eps_high} "
+                "(a cap inside the clip range would defeat the PPO clip)"
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(
+                f"LossConfig.max_completion_length must be >= 1, got {self.max_completion_length}"
+            )
+
+
+def _ftype(x: Array) -> jnp.dtype:
+    # At least float32 (bf16 logps are upcast); float64 stays float64 under x64.
+    return jnp.promote_types(jnp.asarray(x).dtype, jnp.float32)
+
+
+def per_token_kl(
+    logp: Array, ref_logp: Array, log_q: Array | None = None, estimator: str = "k3"
+) -> Array:
+    """Elementwise KL estimate against the anchor ``ref_logp + log_q`` (DESIGN §2).
+
+    ``d = ref_logp + log_q - logp``; k3 ``exp(d) - d - 1``, k1 ``-d``, k2 ``d^2 / 2``.
+    No masking here: ``policy_loss`` zeroes padded inputs before calling it.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator={estimator!r}; expected one of {ESTIMATORS}")
+    d = ref_logp - logp
+    if log_q is not None:
+        d = d + log_q
+    if estimator == "k3":
+        # expm1 keeps precision for small |d|, where k3 ~ d^2 / 2.
+        return jnp.expm1(d) - d
+    if estimator == "k1":
+        return -d
+    return 0.5 * d * d
+
+
+def forward_kl_from_logits(
+    policy_logits_BxTxV: Array, ref_logits_BxTxV: Array, mask_BxT: Array | None = None
+) -> Array:
+    """Exact forward KL per position: ``sum_v pi_ref(v) (log pi_ref(v) - log pi_theta(v))``.
+
+    Any leading shape works (``[..., V]`` -> ``[...]``), so the caller applies it per sequence
+    chunk (e.g. ``lax.map`` over T-chunks next to the unembedding) and concatenates; it never
+    needs the whole float32 [B, T, V]. Differentiable w.r.t. the policy logits; the reference is
+    stop-gradient'ed. Padded positions (mask 0) return exactly 0 with zero gradient.
+    """
+    dtype = jnp.promote_types(policy_logits_BxTxV.dtype, jnp.float32)
+    logp_pol = jax.nn.log_softmax(policy_logits_BxTxV.astype(dtype), axis=-1)
+    logp_ref = jax.nn.log_softmax(jax.lax.stop_gradient(ref_logits_BxTxV).astype(dtype), axis=-1)
+    p_ref = jnp.exp(logp_ref)
+    # p_ref * (logp_ref - logp_pol) with the 0 * log 0 = 0 convention (p_ref underflow).
+    term = jnp.where(p_ref > 0, p_ref * (logp_ref - logp_pol), jnp.zeros((), dtype))
+    kl = term.sum(axis=-1)
+    if mask_BxT is not None:
+        kl = jnp.where(mask_BxT.astype(bool), kl, jnp.zeros((), dtype))
+    return kl
+
+
+def aggregate(
+    per_token_BxT: Array,
+    mask_BxT: Array,
+    loss_type: str = "grpo",
+    num_batch_tokens: Array | int | None = None,
+    max_completion_length: int | None = None,
+) -> Array:
+    """Reduce a per-token loss to a scalar with ``loss_type``'s normaliser (module docstring).
+
+    ``num_batch_tokens`` (dapo): completion tokens of the whole generation batch; None -> this
+    micro-batch's count. ``max_completion_length`` (dr_grpo): None -> ``T``.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type={loss_type!r}; expected one of {LOSS_TYPES}")
+    m = mask_BxT.astype(bool)
+    dtype = _ftype(per_token_BxT)
+    mf = m.astype(dtype)
+    # where (not multiply) so garbage (nan / inf) on padding cannot leak into the sum.
+    ml = jnp.where(m, per_token_BxT.astype(dtype), jnp.zeros((), dtype))
+    B, T = mask_BxT.shape
+    if loss_type == "grpo":
+        per_seq_B = ml.sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
+        return per_seq_B.mean()
+    if loss_type == "bnpo":
+        return ml.sum() / jnp.maximum(mf.sum(), 1.0)
+    if loss_type == "dr_grpo":
+        t_max = T if max_completion_length is None else max_completion_length
+        if t_max < T:
+            raise ValueError(
+                f"LossConfig.max_completion_length={t_max} is smaller than the mask's T={T}"
+            )
+        return ml.sum() / (B * t_max)
+    # dapo
+    n = mf.sum() if num_batch_tokens is None else jnp.asarray(num_batch_tokens, dtype)
+    return ml.sum() / jnp.maximum(n, 1.0)
+
+
+def _masked_mean(x_BxT: Array, mf_BxT: Array) -> Array:
+    return jax.lax.stop_gradient((x_BxT * mf_BxT).sum() / jnp.maximum(mf_BxT.sum(), 1.0))
+
+
+def policy_loss(
+    logp_BxT: Array,
+    old_logp_BxT: Array | None,
+    ref_logp_BxT: Array | None,
+    log_q_BxT: Array | None,
+    adv_B: Array,
+    mask_BxT: Array,
+    cfg: LossConfig = LossConfig(),
+    num_batch_tokens: Array | int | None = None,
+    forward_kl_BxT: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """SAGE / GRPO-family loss ``aggregate(pg + beta kl)`` and its metrics.
+
+    ``old_logp_BxT=None``: on-policy (old = stop_gradient(logp), ratio 1 with the right
+    gradient). ``ref_logp_BxT`` / ``log_q_BxT`` are unused when ``beta == 0`` (pass None);
+    ``log_q_BxT=None`` means q = 1. ``forward_kl_BxT`` is required by ``kl_mode="forward"``.
+
+    Metrics (means over the micro-batch's completion tokens): ``loss``, ``pg_loss``,
+    ``kl_loss`` (= aggregated beta kl, so loss = pg_loss + kl_loss), ``kl``, ``ratio_mean``,
+    ``clip_low`` (r < 1 - eps_low and A < 0), ``clip_high`` (r > 1 + eps_high and A > 0),
+    ``clip_region`` (either), ``delta_capped`` (r > delta, only with delta). KL entries only
+    when beta > 0.
+    """
+    dtype = _ftype(logp_BxT)
+    m = mask_BxT.astype(bool)
+    mf = m.astype(dtype)
+    zero = jnp.zeros((), dtype)
+    # Zero padded inputs with where so padding garbage gets exactly zero (and finite) gradient.
+    lp = jnp.where(m, logp_BxT.astype(dtype), zero)
+    if old_logp_BxT is None:
+        old = jax.lax.stop_gradient(lp)
+    else:
+        old = jax.lax.stop_gradient(jnp.where(m, old_logp_BxT.astype(dtype), zero))
+    adv_Bx1 = jax.lax.stop_gradient(adv_B.astype(dtype))[:, None]
+
+    log_ratio = lp - old
+    if cfg.importance_sampling_level == "sequence":
+        # GSPO: one ratio per sequence, the geometric mean of its token ratios.
+        log_ratio_B = (log_ratio * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
+        log_ratio = jnp.broadcast_to(log_ratio_B[:, None], lp.shape)
+    ratio = jnp.exp(log_ratio)
+    ratio_clipped = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    ratio_unclipped = ratio if cfg.delta is None else jnp.minimum(ratio, cfg.delta)
+    pg = -jnp.minimum(ratio_unclipped * adv_Bx1, ratio_clipped * adv_Bx1)
+
+    agg = lambda x: aggregate(x, m, cfg.loss_type, num_batch_tokens, cfg.max_completion_length)
+    pg_loss = agg(pg)
+    metrics: dict[str, Array] = {}
+
+    if cfg.beta > 0:
+        if cfg.kl_mode == "reverse":
+            if ref_logp_BxT is None:
+                raise ValueError(f"LossConfig.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
+            ref = jax.lax.stop_gradient(jnp.where(m, ref_logp_BxT.astype(dtype), zero))
+            log_q = None
+            if log_q_BxT is not None:
+                log_q = jax.lax.stop_gradient(jnp.where(m, log_q_BxT.astype(dtype), zero))
+            kl = per_token_kl(lp, ref, log_q, cfg.estimator)
+        else:
+            if forward_kl_BxT is None:
+                raise ValueError("LossConfig.kl_mode='forward' needs forward_kl_BxT (got None)")
+            kl = jnp.where(m, forward_kl_BxT.astype(dtype), zero)
+        kl_loss = agg(cfg.beta * kl)
+        loss = agg(pg + cfg.beta * kl)
+        metrics["kl"] = _masked_mean(kl, mf)
+        metrics["kl_loss"] = jax.lax.stop_gradient(kl_loss)
+    else:
+        loss = pg_loss
+
+    r = jax.lax.stop_gradient(ratio)
+    a = jax.lax.stop_gradient(adv_Bx1)
+    low = (r < 1.0 - cfg.eps_low) & (a < 0)
+    high = (r > 1.0 + cfg.eps_high) & (a > 0)
+    metrics.update(
+        loss=jax.lax.stop_gradient(loss),
+        pg_loss=jax.lax.stop_gradient(pg_loss),
+        ratio_mean=_masked_mean(r, mf),
+        clip_low=_masked_mean(low.astype(dtype), mf),
+        clip_high=_masked_mean(high.astype(dtype), mf),
+        clip_region=_masked_mean((low | high).astype(dtype), mf),
+    )
+    if cfg.delta is not None:
+        metrics["delta_capped"] = _masked_mean((r > cfg.delta).astype(dtype), mf)
+    return loss, metrics

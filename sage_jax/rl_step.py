@@ -1,0 +1,205 @@
+"""The fused RL step: rollout -> verifier reward -> advantages -> reference -> guide -> loss -> update.
+
+Dimension key: N prompts in the batch, G completions per prompt, B = N * G rows (group-contiguous),
+P prompt length (left padded), T completion length, A answer tokens, M minibatches.
+
+One jitted program per step (`make_rl_step`), compiled once and reused:
+
+  prompts_NxP --repeat G--> BxP --generate (KV cache)--> tokens_BxT, mask_BxT, sampler logp_BxT
+  --host callback (per shard)--> rewards_B --group_advantages--> adv_B
+  --frozen reference (only when beta > 0)--> ref_logp_BxT
+  --scan over num_iterations x M minibatch updates:
+        policy logp, entropy (chunked) -> guide q -> policy_loss -> grads -> optax update
+
+`old` log-probs: with one update per rollout, old = stop_gradient(logp) (ratio 1, as in TRL); with
+several updates (num_iterations > 1 or M > 1) old = the sampler's stored log-probs. The guide
+schedule step, RNG and counters live in `TrainState`; nothing lives on the Python side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from sage_jax import guides, losses
+from sage_jax.advantages import group_advantages
+from sage_jax.logprobs import sequence_logp_entropy, token_logp_entropy
+from sage_jax.models.decoder import positions_from_mask
+from sage_jax.reward_host import HostReward, host_rewards
+from sage_jax.sampling import SamplingConfig, generate
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    group_size: int = 8  # G completions per prompt
+    sampling: SamplingConfig = SamplingConfig()
+    loss: losses.LossConfig = losses.LossConfig()
+    guide: str = "branch"  # a registered guide name (sage_jax.guides); "none" = plain GRPO + KL
+    guide_cfg: Any = None  # that guide's config dataclass; None = its defaults
+    scale_rewards: str = "group"  # group | batch | none
+    num_iterations: int = 1  # updates per rollout over the same samples (PPO epochs)
+    num_minibatches: int = 1  # M, rows split into M sequential updates per iteration
+    max_steps: int = 1000  # optimizer steps of the run (guide schedules)
+    logp_chunk: int = 256  # sequence chunk of the log-prob / entropy pass, tokens
+
+    def __post_init__(self):
+        if self.group_size < 2:
+            raise ValueError(f"rl.group_size must be >= 2 (group advantages need a group), got {self.group_size}")
+        if self.num_iterations < 1 or self.num_minibatches < 1:
+            raise ValueError("rl.num_iterations and rl.num_minibatches must be >= 1")
+        guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
+        if self.loss.beta == 0 and self.guide != "none":
+            raise ValueError(f"rl.guide={self.guide!r} with rl.beta=0: the guide reshapes the KL anchor, "
+                             "which does not exist without a KL term; set guide='none' or beta > 0")
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.loss.beta > 0
+
+    @property
+    def multi_update(self) -> bool:
+        return self.num_iterations > 1 or self.num_minibatches > 1
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: Array  # int32, optimizer updates done (drives lr and guide schedules)
+    params: Any  # nnx.State of the policy
+    opt_state: Any
+    rng: Array  # base key; each step folds in `step`
+    ref_params: Any = None  # frozen reference; None when beta == 0 (no copy held)
+
+
+def init_train_state(model: nnx.Module, cfg: RLConfig, tx: optax.GradientTransformation, seed: int) -> tuple[nnx.GraphDef, TrainState]:
+    """The state takes over the model's arrays (no copy) and the step donates them: after training
+    starts, read the policy from `nnx.merge(graphdef, state.params)`, not from `model`."""
+    graphdef, params = nnx.split(model)
+    ref = jax.tree.map(jnp.copy, params) if cfg.needs_ref else None
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                       rng=jax.random.key(seed), ref_params=ref)
+    return graphdef, state
+
+
+def _forward_kl(pol, ref, tokens, mask, P, chunk, temperature):
+    """Exact forward KL(pi_ref || pi_theta) per completion position, chunked over the sequence."""
+    pos = positions_from_mask(mask)
+    h_pol = pol.forward(tokens, pos, mask)[0][:, P - 1:-1]
+    h_ref = jax.lax.stop_gradient(ref.forward(tokens, pos, mask)[0][:, P - 1:-1])
+    w_pol, w_ref = pol.unembed_matrix(), jax.lax.stop_gradient(ref.unembed_matrix())
+    B, T, D = h_pol.shape
+    C = min(chunk, T)
+    pad = (-T) % C
+    padf = lambda h: jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(B, -1, C, D).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def body(_, xs):
+        lp = jnp.einsum("bcd,dv->bcv", xs[0], w_pol, preferred_element_type=jnp.float32) / temperature
+        lr = jnp.einsum("bcd,dv->bcv", xs[1], w_ref, preferred_element_type=jnp.float32) / temperature
+        return None, losses.forward_kl_from_logits(lp, lr)
+
+    _, kl = jax.lax.scan(body, None, (padf(h_pol), padf(h_ref)))
+    return kl.swapaxes(0, 1).reshape(B, -1)[:, :T]
+
+
+def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
+            reward_host: HostReward, mesh=None) -> tuple[TrainState, dict[str, Array]]:
+    """One RL step. `batch`: prompt_NxP (int32), prompt_mask_NxP, answer_NxA (int32, -1 padded)."""
+    G, M = cfg.group_size, cfg.num_minibatches
+    rep = lambda x: jnp.repeat(x, G, axis=0)
+    prompt, pmask, answers = rep(batch["prompt"]), rep(batch["prompt_mask"]), rep(batch["answer"])
+    B, P = prompt.shape
+    if B % M:
+        raise ValueError(f"rows B={B} (prompts x group_size) not divisible by rl.num_minibatches={M}")
+    temp = cfg.sampling.temperature or 1.0
+    key = jax.random.fold_in(state.rng, state.step)
+    k_sample, k_guide = jax.random.split(key)
+
+    # ---- rollout and reward
+    policy = nnx.merge(graphdef, jax.lax.stop_gradient(state.params))
+    out = generate(policy, prompt, pmask, k_sample, cfg.sampling)
+    cmask = out.mask_BxT
+    rewards, failed = host_rewards(reward_host, out.tokens_BxT, cmask, answers, mesh)
+    adv, adv_metrics = group_advantages(rewards, G, cfg.scale_rewards)
+    tokens = jnp.concatenate([prompt, out.tokens_BxT], axis=1)
+    fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
+    num_tokens = cmask.sum()
+
+    # ---- frozen reference (not compiled at all when beta == 0)
+    ref_logp = ref_ent = None
+    if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
+        ref_model = nnx.merge(graphdef, state.ref_params)
+        ref_logp, ref_ent = jax.lax.stop_gradient(
+            sequence_logp_entropy(ref_model, tokens, fmask, P, cfg.logp_chunk, temp))
+
+    rows = B // M
+    take = lambda x, i: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
+
+    def loss_fn(params, i, step, gkey):
+        model = nnx.merge(graphdef, params)
+        tok, fm, cm = take(tokens, i), take(fmask, i), take(cmask, i)
+        logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
+        inputs = guides.GuideInputs(mask_BxT=cm, step=step, max_steps=cfg.max_steps, key=gkey,
+                                    entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
+                                    ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))
+        log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
+        fkl = None
+        if cfg.needs_ref and cfg.loss.kl_mode == "forward":
+            fkl = _forward_kl(model, nnx.merge(graphdef, state.ref_params), tok, fm, P, cfg.logp_chunk, temp)
+        old = take(out.logp_BxT, i) if cfg.multi_update else None
+        loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), cm, cfg.loss,
+                                     num_batch_tokens=num_tokens / M, forward_kl_BxT=fkl)
+        mf = cm.astype(jnp.float32)
+        n = jnp.maximum(mf.sum(), 1.0)
+        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(out.logp_BxT, i)) * mf
+        m.update(guides.guide_metrics(q, cm))
+        m.update(entropy=(ent * mf).sum() / n, logp_diff_mean=diff.sum() / n, logp_diff_max=diff.max())
+        return loss, m
+
+    def update(carry, u):
+        params, opt_state, step = carry
+        i = u % M
+        (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, jax.random.fold_in(k_guide, u))
+        m["grad_norm"] = optax.tree.norm(grads)
+        m["lr"] = lr_fn(step)
+        upd, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, upd), opt_state, step + 1), m
+
+    n_updates = cfg.num_iterations * M
+    (params, opt_state, step), ms = jax.lax.scan(
+        update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
+
+    metrics = {f"train/{k}": v.mean() for k, v in ms.items() if k not in ("logp_diff_max", "q_min", "q_max")}
+    metrics["train/lr"] = ms["lr"][-1]
+    # The sampler-vs-trainer gap is a numerics check: only the first update (minibatch 0 under the
+    # params that sampled) is free of the drift of earlier updates.
+    metrics["train/logp_diff_mean"] = ms["logp_diff_mean"][0]
+    metrics["train/logp_diff_max"] = ms["logp_diff_max"][0]
+    for k in ("q_mean", "q_min", "q_max", "frac_shaped"):
+        metrics[f"sage/{k}"] = ms[k].min() if k == "q_min" else ms[k].max() if k == "q_max" else ms[k].mean()
+        metrics.pop(f"train/{k}", None)
+    metrics.update({f"reward/{k}": v for k, v in adv_metrics.items()})
+    metrics["reward/failed"] = failed.sum()
+    lengths = cmask.sum(axis=1)
+    stopped = jnp.any(jnp.isin(out.tokens_BxT, jnp.asarray(cfg.sampling.eos_ids or (-1,), jnp.int32))
+                      & cmask.astype(bool), axis=1)
+    metrics.update({"rollout/length_mean": lengths.mean(), "rollout/length_min": lengths.min(),
+                    "rollout/length_max": lengths.max(), "rollout/truncated_frac": 1.0 - stopped.mean(),
+                    "rollout/tokens": num_tokens})
+    new_state = state.replace(step=step, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def make_rl_step(graphdef, cfg: RLConfig, tx, lr_fn, reward_host: HostReward, mesh=None):
+    """The jitted step (state donated): `step_fn(state, batch) -> (state, metrics)`."""
+    fn = functools.partial(rl_step, graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lr_fn, reward_host=reward_host,
+                           mesh=mesh)
+    return jax.jit(fn, donate_argnums=0)
