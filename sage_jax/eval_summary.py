@@ -1,0 +1,126 @@
+"""Metrics of stored evaluation results: per-problem columns, benchmark means, macro average.
+
+Pure functions over the `results.json` dict (see `sage_jax.evaluate`); the numbers are defined
+in `sage_jax.eval_metrics`. Dimension key: `P` problems, `K` values of k, `B` bootstrap
+resamples, `M` metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sage_jax import eval_metrics as em
+
+if TYPE_CHECKING:  # evaluate imports this module; the types are only for annotations
+    from sage_jax.evaluate import EvalSettings, Problem
+
+
+def problem_metrics(
+    records: Sequence[dict], ks: Sequence[int], settings: EvalSettings, bench: str, ids: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """Per-problem metric columns [P] of one (model, benchmark) from its stored records."""
+    n = len(records[0]["correct"])
+    c_P = np.array([r["num_correct"] for r in records], np.int64)
+    pass_PxK = em.pass_at_k(n, c_P[:, None], np.asarray(ks)[None, :])
+    maj_PxK = np.stack([
+        # Same subsets for every model on a problem (paired comparison), fixed by stat_seed.
+        em.majority_at_k(r["answers"], np.array(r["correct"], bool), ks, settings.maj_resamples,
+                         np.random.default_rng(em.stable_seed(settings.stat_seed, "maj", bench, pid)))
+        for r, pid in zip(records, ids)
+    ])
+    cols: dict[str, np.ndarray] = {}
+    for j, k in enumerate(ks):
+        cols[f"pass@{k}"] = pass_PxK[:, j]
+    cols["mean@n"] = c_P / n
+    for j, k in enumerate(ks):
+        cols[f"maj@{k}"] = maj_PxK[:, j]
+    cols["distinct_correct_answers"] = np.array([
+        len({a for a, ok in zip(r["answers"], r["correct"]) if ok and a is not None}) for r in records
+    ], np.float64)
+    cols["distinct_correct_completions"] = np.array(
+        [r["distinct_correct_completions"] for r in records], np.float64)
+    cols["mean_entropy"] = np.array([
+        em.nanmean(np.array([np.nan if e is None else e for e in r["mean_entropy"]], np.float64))
+        for r in records
+    ], np.float64)
+    cols["mean_length"] = np.array([np.mean(r["num_tokens"]) for r in records], np.float64)
+    return cols
+
+
+def summarize(
+    results: dict, model_names: Sequence[str], benchmarks: Mapping[str, Sequence[Problem]],
+    settings: EvalSettings,
+) -> dict:
+    """Per-problem metrics, per-benchmark means with CIs, and the macro average over benchmarks.
+
+    Every model is bootstrapped with the same resampled problems of a benchmark (paired), and
+    the average resamples each benchmark independently (stratified) and averages their means.
+    Only (model, benchmark) pairs whose every problem is finished are summarised.
+    """
+    base = settings.base_model or model_names[0]
+    summary: dict[str, Any] = {
+        "base_model": base, "ci_level": settings.ci_level, "benchmarks": {},
+        "models": {m: {} for m in model_names}, "per_problem": {m: {} for m in model_names},
+    }
+    reps: dict[str, dict[str, tuple[list[str], np.ndarray]]] = {m: {} for m in model_names}
+
+    def complete(model: str, bench: str) -> list[dict] | None:
+        """The records of every problem of `bench` in order, or None if any is missing."""
+        entry = results["models"].get(model, {}).get("benchmarks", {}).get(bench)
+        done = entry["problems"] if entry else {}
+        if any(p.id not in done for p in benchmarks[bench]):
+            return None
+        return [done[p.id] for p in benchmarks[bench]]
+
+    for bench, problems in benchmarks.items():
+        n = settings.n_for(bench)
+        ks = em.default_ks(n)
+        ids = [p.id for p in problems]
+        summary["benchmarks"][bench] = {"n": n, "ks": ks, "num_problems": len(problems)}
+        weights_BxP = em.bootstrap_weights(
+            len(problems), settings.bootstrap_resamples,
+            em.stable_seed(settings.stat_seed, "bootstrap", bench))
+        base_records = complete(base, bench)
+        for model in model_names:
+            records = complete(model, bench)
+            if records is None:
+                continue
+            cols = problem_metrics(records, ks, settings, bench, ids)
+            if base_records is not None:
+                solved_base = np.array([r["num_correct"] > 0 for r in base_records])
+                solved = np.array([r["num_correct"] > 0 for r in records])
+                cols["new_support"] = (solved & ~solved_base).astype(np.float64)
+            stats, reps_BxM = em.summarize_columns(cols, weights_BxP, settings.ci_level)
+            summary["models"][model][bench] = _clean_stats(stats)
+            reps[model][bench] = (list(cols), reps_BxM)
+            summary["per_problem"][model][bench] = {
+                pid: {name: em.finite_or_none(col[i]) for name, col in cols.items()}
+                for i, pid in enumerate(ids)
+            }
+    common_ks = sorted(set.intersection(*(set(b["ks"]) for b in summary["benchmarks"].values())))
+    summary["average"] = {"benchmarks": list(benchmarks), "ks": common_ks}
+    for model in model_names:
+        if len(reps[model]) == len(benchmarks):
+            summary["models"][model]["average"] = _average(
+                summary["models"][model], reps[model], settings.ci_level)
+    return summary
+
+
+def _clean_stats(stats: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    return {k: {s: em.finite_or_none(v) for s, v in d.items()} for k, d in stats.items()}
+
+
+def _average(per_bench: dict, reps: dict[str, tuple[list[str], np.ndarray]], level: float) -> dict:
+    """Macro average over benchmarks of the metrics every benchmark has, with a stratified CI."""
+    names = [k for k in next(iter(reps.values()))[0] if all(k in cols for cols, _ in reps.values())]
+    mean_reps = np.mean([r[:, [cols.index(k) for k in names]] for cols, r in reps.values()], axis=0)
+    lo, hi = em.percentile_ci(mean_reps, level)
+    out = {}
+    for j, k in enumerate(names):
+        means = [per_bench[b][k]["mean"] for b in reps]
+        mean = None if any(m is None for m in means) else float(np.mean(means))
+        out[k] = {"mean": mean, "lo": em.finite_or_none(lo[j]), "hi": em.finite_or_none(hi[j])}
+    return out
