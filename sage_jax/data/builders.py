@@ -1,0 +1,211 @@
+"""TFDS builders for the math datasets and the procedural task (array_record, no TensorFlow).
+
+Every builder writes the shared record schema (`sage_jax.data.sources.RECORD_FIELDS`) and is read
+back with `tfds.data_source` / `builder.as_data_source(split)`, a random-access source that grain
+indexes directly. Prepare from local files in `<manual_dir>/<name>/` (see `sources.SPECS` and
+`sage_jax/data/README.md`), or from the hub when online:
+
+    b = get_builder("math500", data_dir="~/tensorflow_datasets")
+    b.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=DIR))
+    ds = b.as_data_source("test")      # or: load_split("math500", "test", manual_dir=DIR)
+
+Splits: `train` for DAPO-Math-17k, `test` for the evaluation sets, `train` and `test` for the
+procedural task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+from etils import epath
+
+from sage_jax.data import procedural
+from sage_jax.data.sources import SPECS, SourceSpec, iter_records, missing_message, resolve_files
+
+VERSION = tfds.core.Version("1.0.0")
+
+
+def record_features() -> tfds.features.FeaturesDict:
+    return tfds.features.FeaturesDict({
+        "id": tfds.features.Text(),
+        "problem": tfds.features.Text(),
+        "answer": tfds.features.Text(),
+        "solution": tfds.features.Text(),
+        "source": tfds.features.Text(),
+        "subject": tfds.features.Text(),
+        "level": tfds.features.Scalar(dtype=np.int32),
+    })
+
+
+class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Common base: the source file of the class, found without `importlib_resources`."""
+
+    # TFDS' own lookup touches the `importlib_resources` backport (absent on Python >= 3.9
+    # installs) for builders that live inside a package.
+    @tfds.core.utils.classproperty
+    @classmethod
+    def code_path(cls) -> epath.Path | None:
+        return epath.Path(inspect.getfile(cls))
+
+
+class _FileBuilder(_Builder, skip_registration=True):
+    """A public release read from `<manual_dir>/<name>/` or fetched from the hub."""
+
+    VERSION = VERSION
+    SPEC: SourceSpec
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "SPEC" in cls.__dict__:
+            cls.MANUAL_DOWNLOAD_INSTRUCTIONS = missing_message(cls.SPEC, None)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=self.SPEC.description,
+            features=record_features(),
+            homepage=f"https://huggingface.co/datasets/{self.SPEC.hub_repo}",
+            disable_shuffling=True,  # keep the release's order (grain shuffles at read time)
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+        # The private attribute, because the public `manual_dir` asserts that it is non-empty.
+        manual_dir = getattr(dl_manager, "_manual_dir", None)
+        files = resolve_files(self.SPEC, manual_dir, dl_manager.download_dir)
+        return {self.SPEC.split: self._generate_examples(files)}
+
+    def _generate_examples(self, files):
+        yield from iter_records(self.SPEC, files)
+
+
+class DapoMath17k(_FileBuilder):
+    name = "dapo_math_17k"
+    SPEC = SPECS["dapo_math_17k"]
+
+
+class Math500(_FileBuilder):
+    name = "math500"
+    SPEC = SPECS["math500"]
+
+
+class Aime2024(_FileBuilder):
+    name = "aime2024"
+    SPEC = SPECS["aime2024"]
+
+
+class Aime2025(_FileBuilder):
+    name = "aime2025"
+    SPEC = SPECS["aime2025"]
+
+
+class Amc23(_FileBuilder):
+    name = "amc23"
+    SPEC = SPECS["amc23"]
+
+
+class MinervaMath(_FileBuilder):
+    name = "minerva_math"
+    SPEC = SPECS["minerva_math"]
+
+
+# ----------------------------------------------------------------------------- procedural
+
+
+@dataclasses.dataclass(eq=False)
+class ArithmeticBuilderConfig(tfds.core.BuilderConfig):
+    """Knobs of the procedural task; the config name keys the prepared data on disk."""
+
+    spec: procedural.ArithmeticSpec = dataclasses.field(default_factory=procedural.ArithmeticSpec)
+    num_train: int = 5000  # distinct training problems
+    num_test: int = 500  # distinct test problems (disjoint from train by hash)
+    seed: int = 0
+
+
+def arithmetic_config(
+    name: str | None = None, num_train: int = 5000, num_test: int = 500, seed: int = 0, **knobs: Any
+) -> ArithmeticBuilderConfig:
+    """A config from knobs (`min_operands`, `max_operands`, `max_value`, `operators`, ...).
+
+    Without a name, one is derived from every knob, so different knobs never share prepared data.
+    """
+    spec = procedural.ArithmeticSpec(**knobs)
+    if name is None:
+        ops = "".join({"+": "p", "-": "m", "*": "t", "/": "d"}[o] for o in spec.operators)
+        frac = str(spec.test_fraction).replace(".", "p")
+        name = (f"n{spec.min_operands}_{spec.max_operands}_v{spec.max_value}_{ops}_f{frac}"
+                f"_tr{num_train}_te{num_test}_s{seed}")
+    return ArithmeticBuilderConfig(name=name, version=VERSION, spec=spec, num_train=num_train,
+                                   num_test=num_test, seed=seed)
+
+
+class ProceduralArithmetic(_Builder):
+    """Multi-step integer arithmetic with worked solutions; no network, no files."""
+
+    name = "procedural_arithmetic"
+    VERSION = VERSION
+    BUILDER_CONFIGS = [
+        arithmetic_config("default"),
+        arithmetic_config("easy", min_operands=2, max_operands=3, operators="+-", num_train=2000,
+                          num_test=200),
+        arithmetic_config("hard", min_operands=3, max_operands=5, max_value=20, operators="+-*/",
+                          num_train=20000, num_test=1000),
+    ]
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=f"Procedural integer arithmetic: {self.builder_config.spec}",
+            features=record_features(),
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+        del dl_manager
+        c = self.builder_config
+        return {"train": self._generate_examples("train", c.num_train),
+                "test": self._generate_examples("test", c.num_test)}
+
+    def _generate_examples(self, split: str, n: int):
+        c = self.builder_config
+        for rec in procedural.generate(c.spec, split, n, seed=c.seed):
+            yield rec["id"], rec
+
+
+BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
+    b.name: b for b in (DapoMath17k, Math500, Aime2024, Aime2025, Amc23, MinervaMath,
+                        ProceduralArithmetic)
+}
+
+
+def get_builder(
+    name: str, data_dir: str | os.PathLike | None = None,
+    config: str | ArithmeticBuilderConfig | None = None,
+) -> tfds.core.GeneratorBasedBuilder:
+    """The builder for `name` (a key of `BUILDERS`), writing array_record files."""
+    if name not in BUILDERS:
+        raise ValueError(f"unknown dataset {name!r}; known: {sorted(BUILDERS)}")
+    kwargs: dict[str, Any] = {"file_format": "array_record"}
+    if data_dir is not None:
+        kwargs["data_dir"] = os.fspath(os.path.expanduser(data_dir))
+    if config is not None:
+        kwargs["config"] = config
+    return BUILDERS[name](**kwargs)
+
+
+def load_split(
+    name: str, split: str, data_dir: str | os.PathLike | None = None,
+    manual_dir: str | os.PathLike | None = None,
+    config: str | ArithmeticBuilderConfig | None = None,
+):
+    """Prepare `name` if needed and return the random-access source of `split`."""
+    b = get_builder(name, data_dir, config)
+    dl_config = tfds.download.DownloadConfig(
+        manual_dir=os.fspath(os.path.expanduser(manual_dir)) if manual_dir else None
+    )
+    b.download_and_prepare(download_config=dl_config)
+    return b.as_data_source(split)

@@ -1,0 +1,321 @@
+"""The public math datasets: where their files live, how to read them, how to map their fields.
+
+Every dataset is mapped to one record schema (`RECORD_FIELDS`) so that the trainer and the
+evaluator treat them uniformly:
+
+    id (str), problem (str), answer (str: the gold final answer), solution (str, may be ''),
+    source (str: dataset name), subject (str, may be ''), level (int, 0 if unknown)
+
+Local files go in `<manual_dir>/<dataset name>/` (TFDS' default manual dir is
+`~/tensorflow_datasets/downloads/manual/`), in the public release's own format and file name
+(see `SPECS` and `sage_jax/data/README.md`). Without them the file is fetched from the Hugging
+Face hub when online (unless `HF_HUB_OFFLINE=1` or `SAGE_JAX_OFFLINE=1`); otherwise
+`ManualFileMissingError` says which file to put where. A malformed row raises
+`DataFormatError` naming the file and the row (1-based).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+RECORD_FIELDS = ("id", "problem", "answer", "solution", "source", "subject", "level")
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+class DataFormatError(ValueError):
+    """A row of a dataset file does not have the expected fields."""
+
+
+class ManualFileMissingError(FileNotFoundError):
+    """A dataset file is neither in the manual directory nor reachable on the hub."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceSpec:
+    """One public release: its hub location, file names and field names."""
+
+    name: str  # TFDS builder name and manual sub-directory
+    hub_repo: str  # Hugging Face dataset repo id
+    hub_files: tuple[str, ...]  # paths inside the repo; the local copy keeps the base name
+    split: str  # the TFDS split the file becomes ('train' or 'test')
+    fields: str  # human-readable field list for error messages and docs
+    to_record: Callable[[dict, int], dict]  # (lower-cased row, 1-based row number) -> record
+    description: str = ""
+
+
+# ----------------------------------------------------------------------------- field helpers
+
+
+def _get(row: dict, *names: str, default: Any = None) -> Any:
+    """First present, non-null field among `names` (the row's keys are lower-cased)."""
+    for n in names:
+        v = row.get(n.lower())
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            return v
+    return default
+
+
+def answer_text(v: Any) -> str:
+    """A gold answer as text: `27.0` -> `'27'`, lists (several golds) joined by ', '."""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (list, tuple)):
+        return ", ".join(answer_text(x) for x in v)
+    return str(v).strip()
+
+
+def _require(value: Any, field: str, row: dict) -> Any:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise KeyError(f"missing or empty field {field!r} (row has {sorted(row)})")
+    return value
+
+
+def _last_boxed(text: str) -> str | None:
+    from sage_jax.rewards import last_boxed  # the same brace matcher as the verifier
+
+    return last_boxed(text)
+
+
+# ----------------------------------------------------------------------------- per dataset
+
+# DAPO-Math-17k wraps each problem in an instruction; `problem` keeps only the problem itself
+# (the prompt template is applied later, uniformly for all datasets).
+_DAPO_PREFIX = re.compile(r"^\s*Solve the following math problem step by step\..*?\n\n", re.S)
+_DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+
+
+def _dapo(row: dict, n: int) -> dict:
+    prompt = _require(_get(row, "prompt"), "prompt", row)
+    if isinstance(prompt, str):
+        text = prompt
+    else:
+        msgs = [m for m in list(prompt) if isinstance(m, dict)]
+        users = [m for m in msgs if m.get("role") == "user"] or msgs
+        text = _require(users[-1].get("content") if users else None, "prompt[].content", row)
+    problem = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text, count=1)).strip()
+    rm = _require(_get(row, "reward_model"), "reward_model", row)
+    answer = _require(rm.get("ground_truth") if isinstance(rm, dict) else None,
+                      "reward_model.ground_truth", row)
+    extra = _get(row, "extra_info", default={}) or {}
+    idx = extra.get("index") if isinstance(extra, dict) else None
+    return {"id": str(idx if idx is not None else n), "problem": problem,
+            "answer": answer_text(answer), "solution": "", "subject": "", "level": 0}
+
+
+def _generic(row: dict, n: int) -> dict:
+    """MATH-500 / AIME / AMC / Minerva: the common field-name variants, case-insensitively."""
+    problem = _require(_get(row, "problem", "question", "prompt"), "problem", row)
+    solution = str(_get(row, "solution", default="") or "")
+    answer = _get(row, "answer", "final_answer", "gold", "ground_truth", "target")
+    if (answer is None or answer_text(answer) == "") and solution:
+        answer = _last_boxed(solution)  # Minerva-style rows keep the answer in the solution
+    answer = _require(answer_text(answer) if answer is not None else None, "answer", row)
+    level = _get(row, "level", default=0)
+    if isinstance(level, str):
+        digits = re.findall(r"\d+", level)
+        level = int(digits[0]) if digits else 0
+    return {
+        "id": str(_get(row, "unique_id", "id", "idx", "problem_id", default=n)),
+        "problem": str(problem).strip(),
+        "answer": answer,
+        "solution": solution,
+        "subject": str(_get(row, "subject", "type", default="") or ""),
+        "level": int(level or 0),
+    }
+
+
+SPECS: dict[str, SourceSpec] = {
+    s.name: s
+    for s in [
+        SourceSpec(
+            "dapo_math_17k", "BytedTsinghua-SIA/DAPO-Math-17k", ("data/dapo-math-17k.parquet",),
+            "train", "prompt (list of {role, content}), reward_model.ground_truth, "
+            "extra_info.index", _dapo, "DAPO-Math-17k (training prompts, integer answers)."),
+        SourceSpec(
+            "math500", "HuggingFaceH4/MATH-500", ("test.jsonl",), "test",
+            "problem, solution, answer, subject, level, unique_id", _generic,
+            "MATH-500: the 500-problem MATH test subset of 'Let's Verify Step by Step'."),
+        SourceSpec(
+            "aime2024", "Maxwell-Jia/AIME_2024", ("aime_2024_problems.parquet",), "test",
+            "ID, Problem, Solution, Answer (any case; also id/problem/solution/answer)",
+            _generic, "AIME 2024 I and II (30 problems)."),
+        SourceSpec(
+            "aime2025", "math-ai/aime25", ("test.jsonl",), "test",
+            "problem (or question), answer, id", _generic, "AIME 2025 I and II (30 problems)."),
+        SourceSpec(
+            "amc23", "math-ai/amc23", ("test.jsonl",), "test",
+            "question (or problem), answer, id", _generic, "AMC 2023 (40 problems)."),
+        SourceSpec(
+            "minerva_math", "math-ai/minervamath", ("test.jsonl",), "test",
+            "question (or problem), answer (or gold / final_answer; else the solution's last "
+            "\\boxed{}), solution", _generic, "Minerva Math (272 STEM problems)."),
+    ]
+}
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def read_rows(path: Path) -> Iterator[tuple[int, dict]]:
+    """(1-based row number, row dict) from a parquet, jsonl or json-array file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                n += 1
+                yield n, row
+        return
+    with open(path, encoding="utf-8") as f:
+        if path.suffix == ".json":
+            try:
+                rows = json.load(f)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{path}: not valid JSON ({e})") from e
+            if isinstance(rows, dict):  # {"data": [...]} style
+                rows = next((v for v in rows.values() if isinstance(v, list)), [rows])
+            for n, row in enumerate(rows, 1):
+                yield n, row
+            return
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{path}: row {n}: not valid JSON ({e.msg})") from e
+
+
+def records_from_file(spec: SourceSpec, path: Path) -> Iterator[dict]:
+    """Records of the shared schema from one file; a bad row names the file and the row."""
+    for n, row in read_rows(path):
+        if not isinstance(row, dict):
+            raise DataFormatError(f"{path}: row {n}: expected an object, got {type(row).__name__}")
+        lowered = {str(k).lower(): v for k, v in row.items()}
+        try:
+            rec = spec.to_record(lowered, n)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+            raise DataFormatError(
+                f"{path}: row {n}: {msg}; expected fields for {spec.name}: {spec.fields}"
+            ) from e
+        rec["source"] = spec.name
+        yield rec
+
+
+# ----------------------------------------------------------------------------- locating files
+
+
+def manual_subdir(spec: SourceSpec, manual_dir: str | os.PathLike) -> Path:
+    return Path(manual_dir).expanduser() / spec.name
+
+
+def find_local_files(spec: SourceSpec, manual_dir: str | os.PathLike | None) -> list[Path]:
+    """The release files in `<manual_dir>/<name>/`, else any parquet/jsonl/json file there."""
+    if manual_dir is None:
+        return []
+    d = manual_subdir(spec, manual_dir)
+    named = [d / Path(f).name for f in spec.hub_files if (d / Path(f).name).is_file()]
+    if named:
+        return named
+    if not d.is_dir():
+        return []
+    return sorted(p for p in d.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
+
+
+def missing_message(spec: SourceSpec, manual_dir: str | os.PathLike | None, why: str = "") -> str:
+    d = manual_subdir(spec, manual_dir or "~/tensorflow_datasets/downloads/manual")
+    wanted = ", ".join(str(d / Path(f).name) for f in spec.hub_files)
+    urls = ", ".join(
+        f"https://huggingface.co/datasets/{spec.hub_repo}/blob/main/{f}" for f in spec.hub_files
+    )
+    return (
+        f"{spec.name}: data file not found. Place {wanted} (download it from {urls}; "
+        f"fields: {spec.fields}), or any .parquet/.jsonl/.json file with those fields in {d}/"
+        + (f". Hub download was not possible: {why}" if why else "")
+    )
+
+
+def offline() -> bool:
+    return any(os.environ.get(k, "") not in ("", "0", "false", "False")
+               for k in ("HF_HUB_OFFLINE", "SAGE_JAX_OFFLINE"))
+
+
+def fetch_from_hub(spec: SourceSpec, download_dir: str | os.PathLike) -> list[Path]:
+    """Download the release files from the Hugging Face hub (raises on any failure)."""
+    from huggingface_hub import hf_hub_download
+
+    out = []
+    for f in spec.hub_files:
+        p = hf_hub_download(spec.hub_repo, f, repo_type="dataset",
+                            local_dir=str(Path(download_dir) / spec.name))
+        out.append(Path(p))
+    return out
+
+
+def resolve_files(
+    spec: SourceSpec,
+    manual_dir: str | os.PathLike | None,
+    download_dir: str | os.PathLike | None,
+    allow_hub: bool = True,
+) -> list[Path]:
+    """Local files first, then the hub; otherwise a `ManualFileMissingError` saying what to do."""
+    files = find_local_files(spec, manual_dir)
+    if files:
+        return files
+    why = "offline (HF_HUB_OFFLINE / SAGE_JAX_OFFLINE set)" if offline() else ""
+    if allow_hub and not offline() and download_dir is not None:
+        try:
+            return fetch_from_hub(spec, download_dir)
+        except Exception as e:  # noqa: BLE001  (no network, no auth, renamed file, ...)
+            why = f"{type(e).__name__}: {e}"
+    elif not allow_hub:
+        why = why or "hub downloads disabled"
+    raise ManualFileMissingError(missing_message(spec, manual_dir, why))
+
+
+def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dict]]:
+    """(unique key, record) over `files`; a repeated (problem, answer) is kept once.
+
+    DAPO-Math-17k's parquet repeats each of its ~17k prompts many times; the repeats would
+    only reweight the training distribution.
+    """
+    seen_content: set[tuple[str, str]] = set()
+    seen_ids: set[str] = set()
+    for path in files:
+        for rec in records_from_file(spec, path):
+            content = (rec["problem"], rec["answer"])
+            if content in seen_content:
+                continue
+            seen_content.add(content)
+            if rec["id"] in seen_ids:  # same id, different problem: keep both, ids stay unique
+                rec["id"] = f"{rec['id']}#{len(seen_ids)}"
+            seen_ids.add(rec["id"])
+            yield rec["id"], rec
+
+
+def decode_record(rec: Mapping[str, Any]) -> dict:
+    """A record read back from TFDS (bytes, numpy scalars) as plain `str` / `int` values."""
+    out = {}
+    for k, v in rec.items():
+        if isinstance(v, (bytes, np.bytes_)):
+            v = bytes(v).decode("utf-8")
+        elif isinstance(v, np.ndarray) and v.shape == ():
+            v = v.item()
+            v = v.decode("utf-8") if isinstance(v, bytes) else v
+        elif isinstance(v, np.generic):
+            v = v.item()
+        out[k] = v
+    return out

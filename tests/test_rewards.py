@@ -1,0 +1,216 @@
+"""Verifiable rewards: math-verify in a process pool, format / exact-match rewards, registry."""
+
+import time
+
+import numpy as np
+import pytest
+
+from sage_jax import rewards as R
+
+
+def B(s: str) -> str:
+    return "Some working here. The final answer is $\\boxed{%s}$." % s
+
+
+# (completion, gold, expected reward)
+CASES = [
+    # equivalent forms: fractions, decimals, \dfrac, \frac12
+    (B("\\frac{1}{2}"), "0.5", 1.0),
+    (B("0.5"), "\\frac12", 1.0),
+    (B("\\dfrac{1}{2}"), "\\frac{1}{2}", 1.0),
+    (B("\\tfrac{3}{4}"), "\\frac34", 1.0),
+    (B("0.75"), "\\frac34", 1.0),
+    (B("3/4"), "\\frac{3}{4}", 1.0),
+    (B("\\frac{6}{8}"), "\\frac34", 1.0),
+    (B("-\\frac{1}{3}"), "\\frac{-1}{3}", 1.0),
+    # intervals and sets
+    (B("(1,3]"), "(1,3]", 1.0),
+    (B("(1, 3]"), "(1,3]", 1.0),
+    (B("[1,3)"), "(1,3]", 0.0),
+    (B("(-\\infty, 2)"), "(-\\infty,2)", 1.0),
+    (B("\\{1,2,3\\}"), "\\{3,2,1\\}", 1.0),
+    (B("\\{1,2\\}"), "\\{1,2,3\\}", 0.0),
+    (B("1, 2, 3"), "3, 2, 1", 1.0),
+    (B("\\left( 2, 3 \\right)"), "(2,3)", 1.0),
+    # units, percent, degrees, money, thousands separators
+    (B("10\\text{ cm}"), "10", 1.0),
+    (B("10 \\mbox{ meters}"), "10", 1.0),
+    (B("50\\%"), "50", 1.0),
+    (B("50\\%"), "\\frac12", 1.0),
+    (B("30^\\circ"), "30", 1.0),
+    (B("\\$18.90"), "18.90", 1.0),
+    (B("1{,}000"), "1000", 1.0),
+    (B("1,000"), "1000", 1.0),
+    # radicals, symbols, expressions, LaTeX spacing
+    (B("\\sqrt{2}/2"), "\\frac{\\sqrt{2}}{2}", 1.0),
+    (B("\\frac{\\sqrt 3}{3}"), "\\frac{1}{\\sqrt{3}}", 1.0),
+    (B("2\\sqrt{2}"), "\\sqrt{8}", 1.0),
+    (B("x = 5"), "5", 1.0),
+    (B("\\pi"), "\\pi", 1.0),
+    (B("2\\pi"), "2 \\pi", 1.0),
+    (B("x^2+2x+1"), "(x+1)^2", 1.0),
+    (B("  7  "), "7", 1.0),
+    (B("\\, 7 \\;"), "7", 1.0),
+    (B("A"), "A", 1.0),
+    (B("\\text{(B)}"), "B", 1.0),
+    # which answer counts: the last complete box; math-verify's own extraction without a box
+    ("I think the answer is 42.", "42", 1.0),
+    ("so $x = 12$ and finally \\boxed{12} but wait, \\boxed{14}", "14", 1.0),
+    ("first \\boxed{12} then \\boxed{14}", "12", 0.0),
+    ("\\boxed{\\boxed{9}}", "9", 1.0),
+    # wrong answers
+    (B("2"), "3", 0.0),
+    (B("\\frac{1}{3}"), "0.5", 0.0),
+    (B("0.333"), "\\frac{1}{3}", 0.0),
+    (B("-5"), "5", 0.0),
+    (B("(2,3)"), "(3,2)", 0.0),
+    (B("x^2+1"), "(x+1)^2", 0.0),
+    (B("10\\%"), "50", 0.0),
+    # missing answers (and a missing gold)
+    ("", "3", 0.0),
+    ("I don't know.", "3", 0.0),
+    ("The answer is \\boxed{}", "3", 0.0),
+    ("truncated \\boxed{3", "3", 0.0),
+    (B("3"), "", 0.0),
+]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with R.VerifierPool(num_workers=2, timeout_s=5.0) as p:
+        yield p
+
+
+def test_table_of_cases(pool):
+    assert len(CASES) >= 40
+    got, stats = pool.verify([c for c, _, _ in CASES], [g for _, g, _ in CASES])
+    assert got.dtype == np.float32 and got.shape == (len(CASES),)
+    wrong = [(c[-50:], g, e, float(x)) for (c, g, e), x in zip(CASES, got) if x != e]
+    assert not wrong, wrong
+    assert stats.timeouts == 0 and stats.errors == 0
+    assert stats.correct == sum(e for _, _, e in CASES)
+    assert stats.no_answer >= 4 and stats.gold_unparsed == 1
+
+
+def test_pathological_batch_returns_in_time_with_zeros():
+    timeout = 1.5
+    with R.VerifierPool(num_workers=2, timeout_s=timeout) as p:
+        p.verify(["\\boxed{1}"], ["1"])  # start the workers outside the timed call
+        bad = [
+            "\\boxed{9^{9^{9^{9}}}}",  # sympy evaluates this power in C: only a kill stops it
+            "\\boxed{10^{10^{10^{10}}}}",
+            "\\boxed{" + "{" * 3000 + "1" + "}" * 3000 + "}",  # deeply nested braces
+            "x" * (1 << 20),  # 1 MB of text
+            "\\boxed{3" + "{" * 100000,  # 100k unclosed braces
+            "\ud800\\boxed{\udcff}\udfff",  # lone surrogates (invalid UTF-8)
+            "",
+        ]
+        t0 = time.monotonic()
+        got, stats = p.verify(bad, ["3"] * len(bad))
+        elapsed = time.monotonic() - t0
+        assert elapsed < 2 * timeout, elapsed
+        np.testing.assert_array_equal(got, np.zeros(len(bad), np.float32))
+        assert stats.timeouts >= 1 and p.restarts >= 1
+        # The recycled workers still verify correctly.
+        got, stats = p.verify(["\\boxed{3}", "\\boxed{4}"], ["3", "3"])
+        np.testing.assert_array_equal(got, [1.0, 0.0])
+        assert stats.timeouts == 0
+
+
+def test_never_raises_on_odd_inputs(pool):
+    comps = [None, b"\xff\xfe \\boxed{3}", 3, np.str_("\\boxed{3}"), "\\boxed{3}"]
+    golds = ["3", "3", "3", "3", None]
+    got, _ = pool.verify(comps, golds)
+    np.testing.assert_array_equal(got, [0.0, 1.0, 1.0, 1.0, 0.0])
+    # Mismatched lengths: zeros and an error count from the public function, not an exception.
+    got, stats = R.math_verify_reward_with_stats(["\\boxed{1}"] * 2, ["1"], pool=pool)
+    np.testing.assert_array_equal(got, [0.0, 0.0])
+    assert stats.errors == 2
+
+
+def test_default_pool_interface():
+    got = R.math_verify_reward(["\\boxed{\\frac{1}{2}}", "\\boxed{2}", ""], ["0.5", "3", "1"],
+                               timeout_s=5.0)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, [1.0, 0.0, 0.0])
+    assert R.default_pool() is R.default_pool()  # created once, reused
+    assert R.math_verify_reward([], []).shape == (0,)
+
+
+def test_last_boxed():
+    assert R.last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
+    assert R.last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert R.last_boxed("\\boxed{2} then \\boxed{3") == "2"  # unclosed last box
+    assert R.last_boxed("\\fbox{5}") == "5"
+    assert R.last_boxed("no box") is None
+
+
+def test_format_reward():
+    comps = ["x \\boxed{3}", "x \\boxed{}", "3", "<think>a</think> \\boxed{3}",
+             "a</think> so \\boxed{3}", "<think>a \\boxed{3}</think>", "</think><think>\\boxed{1}"]
+    np.testing.assert_array_equal(R.format_reward(comps), [1, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(R.format_reward(comps, wrapper="think"), [0, 0, 0, 1, 1, 0, 0])
+
+
+def test_exact_match_reward():
+    comps = ["= 6. \\boxed{6}", "\\boxed{-05}", "\\boxed{ 1/2 }", "\\boxed{7}", "6", "\\boxed{x+1}"]
+    golds = ["6", "-5", "0.5", "6", "6", "x + 1"]
+    np.testing.assert_array_equal(R.exact_match_reward(comps, golds), [1, 1, 1, 0, 0, 1])
+
+
+def test_registry_weights_and_errors(pool):
+    assert R.parse_reward_spec("math_verify:1.0, format:0.1") == {"math_verify": 1.0, "format": 0.1}
+    assert R.parse_reward_spec(["exact_match"]) == {"exact_match": 1.0}
+    assert R.parse_reward_spec({"think_format": 2}) == {"think_format": 2.0}
+    with pytest.raises(ValueError, match="unknown reward"):
+        R.parse_reward_spec("math_verfy")
+    comps, golds = ["\\boxed{6}", "\\boxed{5}", "no idea"], ["6", "6", "6"]
+    total, parts, stats = R.compute_rewards(comps, golds, {"math_verify": 1.0, "format": 0.5},
+                                            pool=pool)
+    np.testing.assert_allclose(total, [1.5, 0.5, 0.0])
+    np.testing.assert_array_equal(parts["math_verify"], [1, 0, 0])
+    assert stats.n == 3 and stats.correct == 1
+    fn = R.make_reward_fn("exact_match:2")
+    np.testing.assert_array_equal(fn(comps, golds), [2.0, 0.0, 0.0])
+
+
+def test_workers_do_not_rerun_the_main_script(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train_without_main_guard.py"
+    script.write_text(
+        "print('MAIN STARTED', flush=True)\n"
+        "from sage_jax.rewards import VerifierPool\n"
+        "p = VerifierPool(num_workers=2, timeout_s=5.0)\n"
+        "print('REWARDS', p.verify(['\\\\boxed{2}', '\\\\boxed{3}'], ['2', '2'])[0].tolist())\n"
+        "p.close()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=env).stdout
+    assert out.count("MAIN STARTED") == 1, out
+    assert "REWARDS [1.0, 0.0]" in out, out
+
+
+def test_a_crashed_worker_fails_its_sample_closed_and_is_replaced():
+    import os
+    import signal
+    import threading
+
+    with R.VerifierPool(num_workers=1, timeout_s=30.0) as p:
+        p.verify(["\\boxed{1}"], ["1"])
+        out = {}
+        t = threading.Thread(target=lambda: out.update(
+            r=p.verify(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{3}"], ["3", "3"])))
+        t0 = time.monotonic()
+        t.start()
+        time.sleep(0.5)
+        os.kill(p._workers[0].proc.pid, signal.SIGKILL)  # dies mid-sample, like a segfault
+        t.join(timeout=20)
+        got, stats = out["r"]
+        assert time.monotonic() - t0 < 10  # noticed at once, not at the 30 s timeout
+        np.testing.assert_array_equal(got, [0.0, 1.0])
+        assert stats.errors == 1 and stats.timeouts == 0 and p.restarts == 1
