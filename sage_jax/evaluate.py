@@ -28,6 +28,7 @@ from sage_jax.eval_metrics import (  # noqa: F401 (re-exported API)
     default_ks, extract_boxed_answer, pass_at_k, stable_seed,
 )
 from sage_jax.eval_summary import problem_metrics, summarize  # noqa: F401 (re-exported API)
+from sage_jax.sampling import Completion  # noqa: F401 (one completion type for sampler and eval)
 
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
@@ -46,15 +47,6 @@ class Problem(NamedTuple):
     id: str
     prompt: str
     answer: str
-
-
-class Completion(NamedTuple):
-    """One sampled completion (text without the prompt); `num_tokens` counts its real tokens
-    (EOS included, padding not); `mean_entropy` in nats, mean over those tokens (NaN if none)."""
-
-    text: str
-    num_tokens: int
-    mean_entropy: float
 
 
 class Generator(Protocol):

@@ -36,8 +36,8 @@ class OptimConfig:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
         if self.learning_rate < 0:
             raise ValueError(f"optim.learning_rate must be >= 0, got {self.learning_rate}")
-        if self.warmup_steps < 0 or self.warmup_steps > self.total_steps:
-            raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be in [0, total_steps={self.total_steps}]")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
 
 
 def lr_schedule(cfg: OptimConfig):

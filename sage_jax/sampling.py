@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sage_jax import sharding as shd
 from sage_jax.models.decoder import init_cache, positions_from_mask
 
 Array = jax.Array
@@ -140,7 +141,8 @@ def generate(model, prompt_BxP: Array, prompt_mask_BxP: Array, key: Array, cfg: 
         ents = upd(ents, jnp.where(live, ent, 0.0))
         mask = upd(mask, live.astype(jnp.int32))
         done = done | _is_stop(tok, cfg)
-        return t + 1, tokens, logps, ents, mask, done, tok, cache
+        # Under a sharded step the loop carry keeps the cache's sharding (rows x kv heads); identity otherwise.
+        return t + 1, tokens, logps, ents, mask, done, tok, shd.constrain_cache(cache)
 
     carry = (jnp.int32(1), tokens, logps, ents, mask, done, tok, cache)
     t, tokens, logps, ents, mask, _, _, _ = jax.lax.while_loop(cond, body, carry)
@@ -157,9 +159,10 @@ def make_generate_fn(graphdef: nnx.GraphDef, cfg: SamplingConfig, cache_dtype=No
 
 # ------------------------------------------------------------------------------------------ text
 class Completion(NamedTuple):
+    """One sampled completion (text without the prompt)."""
     text: str
-    num_tokens: int
-    mean_entropy: float  # nats, mean over the completion's tokens
+    num_tokens: int  # real tokens, EOS included
+    mean_entropy: float  # nats, mean over the completion's tokens (NaN when it has none)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
@@ -206,6 +209,6 @@ class TextSampler:
             for i in range(len(chunk)):
                 m = res.mask_BxT[i].astype(bool)
                 ids = res.tokens_BxT[i][m].tolist()
-                ent = float(res.entropy_BxT[i][m].mean()) if m.any() else 0.0
+                ent = float(res.entropy_BxT[i][m].mean()) if m.any() else float("nan")
                 out.append(Completion(self.tokenizer.decode(ids, skip_special_tokens=True), int(m.sum()), ent))
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]

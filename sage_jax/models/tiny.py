@@ -38,3 +38,24 @@ def tiny_config(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
                        num_kv_heads=num_kv_heads, head_dim=hidden_size // num_heads, qkv_bias=True,
                        tie_word_embeddings=True, max_position_embeddings=1024, rope_theta=10000.0,
                        bos_token_id=None, eos_token_ids=(2,), pad_token_id=0)
+
+
+def write_random_init(out_dir: str, seed: int = 0) -> str:
+    """A random-init tiny Qwen2 + char tokenizer in HF format: the starting point of its SFT."""
+    from flax import nnx
+
+    from sage_jax.models import hf
+    from sage_jax.models.decoder import Decoder
+
+    cfg = tiny_config()
+    return hf.save(Decoder(cfg, rngs=nnx.Rngs(seed)), cfg, out_dir, tokenizer=char_tokenizer())
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=write_random_init.__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    print(write_random_init(a.out, a.seed))

@@ -1,0 +1,71 @@
+"""Orbax checkpoints: one tree per step holding everything a resume needs.
+
+Layout under `DIR/checkpoints/<step>/`: `state` (params, optimizer state, step, RNG key data; the guide
+schedule is a function of the step) and `meta` (JSON: data-iterator state, config hash, metrics line
+count). The frozen reference is not saved: it is the model at `config.model.path` and is reloaded.
+
+Restore walks the steps newest first; a checkpoint that fails to restore (corrupted, half-written by a
+killed process that bypassed Orbax's atomic rename) is skipped with a warning and the previous one is
+used. Saves are asynchronous; `close()` waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+def _to_saveable(state) -> dict[str, Any]:
+    tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
+            "rng": jax.random.key_data(state.rng)}
+    return tree
+
+
+class Checkpointer:
+    def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
+                                            create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=opts)
+
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def save(self, state, meta: dict, force: bool = True) -> None:
+        step = int(jax.device_get(state.step))
+        if step in self.manager.all_steps():
+            return
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
+                                                        meta=ocp.args.JsonSave(meta)), force=force)
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def restore_latest(self, template_state) -> tuple[Any, dict] | None:
+        """(state, meta) of the newest restorable checkpoint, into the shardings of `template_state`."""
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                              _to_saveable(template_state))
+        for step in reversed(self.all_steps()):
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+            except Exception as e:  # corrupted or incomplete: fall back to an older one
+                log.warning("checkpoint at step %d in %s could not be restored (%s: %s); trying the previous one",
+                            step, self.directory, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                continue
+            tree = out["state"]
+            key = jax.random.wrap_key_data(tree["rng"], impl=jax.random.key_impl(template_state.rng))
+            state = template_state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"],
+                                           rng=key)
+            return state, dict(out["meta"])
+        return None
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()

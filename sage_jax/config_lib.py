@@ -1,0 +1,237 @@
+"""Run configuration: defaults, validation before any compilation, and conversion to the static
+dataclasses the jitted code takes.
+
+A config is an `ml_collections.ConfigDict` with sub-dicts `model`, `data`, `rollout`, `rl`, `sage`,
+`optim`, `ckpt`, `eval`, `mesh`, `logging` and the top-level run keys `mode`, `seed`, `max_steps`,
+`checkpoint_every`, `log_every`. Files in `configs/` start from `default_config()` and override.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from sage_jax import guides, losses
+from sage_jax.optim import OptimConfig
+from sage_jax.rl_step import RLConfig
+from sage_jax.sampling import SamplingConfig
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+TINY_BASE = os.path.join(PACKAGE_DIR, "assets", "tiny_base")  # shipped tiny HF checkpoint
+MODES = ("rl", "sft", "eval")
+
+
+class ConfigValidationError(ValueError):
+    """A config that cannot run; the message names the field."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.mode = "rl"  # rl | sft | eval
+    c.seed = 0
+    c.max_steps = 100  # optimizer steps (rl: RL steps x updates per step)
+    c.checkpoint_every = 50  # steps; 0 = only at the end
+    c.log_every = 1  # steps
+    c.eval_every = 0  # steps; 0 = only at start / end (see eval.at_start / eval.at_end)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.path = TINY_BASE  # HF directory (or hub id when online)
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.param_dtype = "float32"  # storage dtype of parameters
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "procedural_arithmetic"  # a sage_jax.data.builders name
+    c.data.builder_config = "default"  # TFDS builder config (procedural difficulty)
+    c.data.train_split = "train"
+    c.data.eval_split = "test"
+    c.data.data_dir = ""  # TFDS data dir; "" = DIR/tfds
+    c.data.manual_dir = ""  # where the public release files are placed (see sage_jax/data/README.md)
+    c.data.template = "chat"  # chat | sage | r1 | plain | a '{problem}' string
+    c.data.system_prompt = ml_collections.config_dict.placeholder(str)
+    c.data.batch_size = 8  # prompts per RL step (global); SFT: sequences per step
+    c.data.max_prompt_tokens = 64  # prompts longer than this are an error, not truncated
+    c.data.max_answer_tokens = 32
+    c.data.max_sft_tokens = 128
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.group_size = 8  # G completions per prompt
+    c.rollout.max_new_tokens = 64  # T, tokens
+    c.rollout.temperature = 1.0
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = 0
+    c.rollout.min_p = 0.0
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.beta = 0.05  # KL coefficient; 0 = no KL term (no reference pass, no reference weights)
+    c.rl.estimator = "k3"  # k1 | k2 | k3
+    c.rl.kl_mode = "reverse"  # reverse (shaped anchor) | forward (exact, to pi_ref)
+    c.rl.loss_type = "grpo"  # grpo | bnpo | dr_grpo | dapo
+    c.rl.eps_low = 0.2
+    c.rl.eps_high = 0.2
+    c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
+    c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
+    c.rl.scale_rewards = "group"  # group | batch | none
+    c.rl.num_iterations = 1
+    c.rl.num_minibatches = 1
+    c.rl.logp_chunk = 256  # tokens per chunk of the log-prob pass
+    c.rl.reward = "exact_match"  # reward spec, e.g. "math_verify" or "math_verify:1.0,format:0.1"
+
+    c.sage = ml_collections.ConfigDict()
+    c.sage.guide = "branch"  # none | branch | token | random | a registered guide
+    c.sage.branch = ml_collections.ConfigDict(dict(ratio=0.3, threshold=1.2, q_min=0.6, q_max=1.4, source="new"))
+    c.sage.token = ml_collections.ConfigDict(dict(norm="minmax", alpha_ub=0.3, alpha_lb=0.1, sigma_ub=0.25,
+                                                  sigma_lb=0.1, q_min=0.6, q_max=1.4, source="new"))
+    c.sage.random = ml_collections.ConfigDict(dict(eps_ub=0.1, eps_lb=0.0, sigma_ub=0.15, sigma_lb=0.05,
+                                                   q_min=0.6, q_max=1.4))
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 1e-6
+    c.optim.schedule = "constant"  # constant | linear | cosine
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.01
+    c.optim.grad_clip_norm = 1.0
+
+    c.ckpt = ml_collections.ConfigDict()
+    c.ckpt.keep = 3  # checkpoints kept
+    c.ckpt.async_save = True
+    c.ckpt.export_hf = True  # write DIR/export_hf (HF format) at the end
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.num_problems = 64  # problems of data.eval_split used for in-training evaluation
+    c.eval.n = 8  # samples per problem
+    c.eval.temperature = 1.0
+    c.eval.top_p = 1.0
+    c.eval.max_new_tokens = 64
+    c.eval.batch_size = 128  # rows per sampler call
+    c.eval.at_start = True
+    c.eval.at_end = True
+    # mode=eval: models to compare (name -> HF dir, hub id, or a run dir of this project) and
+    # benchmarks ("dataset[:split]" list; see sage_jax/data/README.md)
+    c.eval.models = ml_collections.ConfigDict()
+    c.eval.benchmarks = "procedural_arithmetic:test"
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one entry may be -1
+
+    c.logging = ml_collections.ConfigDict()
+    c.logging.tensorboard = True
+    c.logging.wandb = False  # off by default; needs `pip install wandb` and a login
+    c.logging.wandb_project = "sage_jax"
+    c.logging.progress = True
+    return c
+
+
+def _dtype(name: str, field: str):
+    import jax.numpy as jnp
+    table = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+    if name not in table:
+        raise ConfigValidationError(f"{field}={name!r} is not one of {sorted(table)}")
+    return table[name]
+
+
+def model_dtypes(c):
+    return _dtype(c.model.dtype, "model.dtype"), _dtype(c.model.param_dtype, "model.param_dtype")
+
+
+def guide_config(c):
+    name = c.sage.guide
+    try:
+        guides.get_guide(name)
+    except ValueError as e:
+        raise ConfigValidationError(f"sage.guide: {e}") from None
+    fields = dict(c.sage.get(name, {}) or {})
+    try:
+        return guides.make_guide_config(name, **fields) if name != "none" else guides.NoneGuideConfig()
+    except (ValueError, TypeError) as e:
+        raise ConfigValidationError(f"sage.{name}: {e}") from None
+
+
+def sampling_config(c, eos_ids, pad_id) -> SamplingConfig:
+    r = c.rollout
+    try:
+        return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id)
+    except ValueError as e:
+        raise ConfigValidationError(f"rollout: {e}") from None
+
+
+def loss_config(c) -> losses.LossConfig:
+    r = c.rl
+    try:
+        return losses.LossConfig(loss_type=r.loss_type, beta=r.beta, estimator=r.estimator, kl_mode=r.kl_mode,
+                                 eps_low=r.eps_low, eps_high=r.eps_high, delta=r.delta,
+                                 importance_sampling_level=r.importance_sampling_level,
+                                 max_completion_length=c.rollout.max_new_tokens)
+    except ValueError as e:
+        raise ConfigValidationError(f"rl: {e}") from None
+
+
+def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
+    if c.rl.beta == 0 and c.sage.guide != "none":
+        raise ConfigValidationError(
+            f"sage.guide={c.sage.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does not exist "
+            "without a KL term; set sage.guide='none' or rl.beta > 0")
+    if c.rollout.group_size < 2:
+        raise ConfigValidationError(f"rollout.group_size={c.rollout.group_size}: group advantages need >= 2")
+    if c.rl.scale_rewards not in ("group", "batch", "none"):
+        raise ConfigValidationError(f"rl.scale_rewards={c.rl.scale_rewards!r} is not one of group, batch, none")
+    try:
+        return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c, eos_ids, pad_id),
+                        loss=loss_config(c), guide=c.sage.guide, guide_cfg=guide_config(c),
+                        scale_rewards=c.rl.scale_rewards, num_iterations=c.rl.num_iterations,
+                        num_minibatches=c.rl.num_minibatches,
+                        max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk)
+    except ValueError as e:
+        raise ConfigValidationError(f"rl: {e}") from None
+
+
+def optim_config(c) -> OptimConfig:
+    o = c.optim
+    try:
+        return OptimConfig(learning_rate=o.learning_rate, schedule=o.schedule, warmup_steps=o.warmup_steps,
+                           total_steps=c.max_steps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None
+
+
+def validate(c, num_devices: int | None = None) -> None:
+    """Every check that needs no model or data: fails fast, naming the field."""
+    if c.mode not in MODES:
+        raise ConfigValidationError(f"mode={c.mode!r} is not one of {MODES}")
+    for k in ("max_steps", "log_every"):
+        if int(c[k]) < 1:
+            raise ConfigValidationError(f"{k}={c[k]} must be >= 1")
+    if c.checkpoint_every < 0:
+        raise ConfigValidationError(f"checkpoint_every={c.checkpoint_every} must be >= 0")
+    if not c.model.path:
+        raise ConfigValidationError("model.path is empty: give an HF directory (or a hub id when online)")
+    path = c.model.path
+    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
+    if not os.path.isdir(path) and not hub_id:
+        raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
+    model_dtypes(c)
+    if c.data.batch_size < 1:
+        raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")
+    if c.mode == "rl":
+        rl_config(c)
+    optim_config(c)
+    shape = tuple(c.mesh.shape)
+    if len(shape) != 3 or shape.count(-1) > 1:
+        raise ConfigValidationError(f"mesh.shape={shape}: three entries (data, fsdp, tensor), at most one -1")
+    if num_devices is not None:
+        known = 1
+        for s in shape:
+            known *= s if s != -1 else 1
+        if num_devices % known:
+            raise ConfigValidationError(f"mesh.shape={shape} does not fit {num_devices} devices")
+        full = [s if s != -1 else num_devices // known for s in shape]
+        batch_shards = full[0] * full[1]
+        rows = c.data.batch_size * (c.rollout.group_size if c.mode == "rl" else 1)
+        if rows % batch_shards:
+            raise ConfigValidationError(
+                f"data.batch_size={c.data.batch_size}"
+                + (f" x rollout.group_size={c.rollout.group_size}" if c.mode == "rl" else "")
+                + f" = {rows} rows is not divisible by the {batch_shards} batch shards of mesh.shape={shape}")
+        if c.mode == "rl" and rows % c.rl.num_minibatches:
+            raise ConfigValidationError(f"{rows} rows not divisible by rl.num_minibatches={c.rl.num_minibatches}")

@@ -1,0 +1,107 @@
+"""`mode = eval`: pass@k of one or several policies on the configured benchmarks, into DIR/eval/.
+
+`config.eval.models` maps a name to an HF directory (or hub id) or to a run directory of this project
+(its latest Orbax checkpoint is restored onto the run's base model). Every model is sampled with the
+same prompts, sampling settings and seeds; results are resumable (see `sage_jax.evaluate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+from flax import nnx
+
+from sage_jax import config_lib
+from sage_jax.evaluate import EvalSettings, Problem, evaluate_models
+from sage_jax.models import hf
+from sage_jax.sampling import SamplingConfig, TextSampler
+
+RUN_CONFIG = "run_config.json"  # written by train.run into every run directory
+
+
+def is_run_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, RUN_CONFIG)) and os.path.isdir(os.path.join(path, "checkpoints"))
+
+
+def load_policy(path: str, dtype=None, mesh=None):
+    """(model, tokenizer_path) from an HF dir or from a run dir's latest checkpoint."""
+    if not is_run_dir(path):
+        return hf.load(path, **({"dtype": dtype} if dtype else {}), mesh=mesh)[0], path
+    from sage_jax import optim
+    from sage_jax.checkpoint import Checkpointer
+    from sage_jax.rl_step import TrainState
+    import jax.numpy as jnp
+
+    with open(os.path.join(path, RUN_CONFIG)) as f:
+        rc = ml_collections.ConfigDict(json.load(f))
+    model, _ = hf.load(rc.model.path, dtype=config_lib.model_dtypes(rc)[0], mesh=mesh,
+                       param_dtype=config_lib.model_dtypes(rc)[1])
+    graphdef, params = nnx.split(model)
+    tx, _ = optim.make_optimizer(config_lib.optim_config(rc))
+    template = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                          rng=jax.random.key(0))
+    ck = Checkpointer(os.path.join(path, "checkpoints"), async_save=False)
+    restored = ck.restore_latest(template)
+    ck.close()
+    if restored is None:
+        raise config_lib.ConfigValidationError(f"eval.models: {path} has no restorable checkpoint")
+    return nnx.merge(graphdef, restored[0].params), rc.model.path
+
+
+def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem]]:
+    from sage_jax.data import builders
+    from sage_jax.data.sources import decode_record
+    from sage_jax.data.templates import format_prompt
+
+    out = {}
+    data_dir = c.data.data_dir or os.path.join(workdir, "tfds")
+    for spec in [b.strip() for b in c.eval.benchmarks.split(",") if b.strip()]:
+        name, _, split = spec.partition(":")
+        cfg = c.data.builder_config if name == "procedural_arithmetic" else None
+        src = builders.load_split(name, split or "test", data_dir=data_dir, manual_dir=c.data.manual_dir or None,
+                                  config=cfg)
+        n = len(src) if c.eval.num_problems <= 0 else min(c.eval.num_problems, len(src))
+        probs = []
+        for i in range(n):
+            r = decode_record(src[i])
+            probs.append(Problem(r["id"], format_prompt(r["problem"], c.data.template, tokenizer,
+                                                        c.data.system_prompt), r["answer"]))
+        out[spec] = probs
+    return out
+
+
+def run(c, workdir: str) -> dict:
+    models = dict(c.eval.models) if c.eval.get("models") else {"model": c.model.path}
+    for name, path in models.items():
+        if not (os.path.isdir(path) or path.count("/") == 1):
+            raise config_lib.ConfigValidationError(f"eval.models.{name}={path!r}: no such directory")
+    first = next(iter(models.values()))
+    tok_path = json.load(open(os.path.join(first, RUN_CONFIG)))["model"]["path"] if is_run_dir(first) else first
+    tokenizer = hf.load_tokenizer(tok_path)
+    settings = EvalSettings(n=c.eval.n, temperature=c.eval.temperature, top_p=c.eval.top_p,
+                            max_tokens=c.eval.max_new_tokens, seed=c.seed,
+                            problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
+    from sage_jax.rewards import make_reward_fn
+    from sage_jax.train import _stop_ids
+    from sage_jax.models.config import ModelConfig
+
+    def factory(path):
+        def build(s: EvalSettings):
+            model, tp = load_policy(path)
+            tok = hf.load_tokenizer(tp)
+            mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(tp))
+            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+            cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                                 eos_ids=_stop_ids(tok, mcfg), pad_id=int(pad), **dict(s.sampler))
+            return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size)
+        return build
+
+    results = evaluate_models({k: factory(v) for k, v in models.items()},
+                              benchmarks_from_config(c, workdir, tokenizer), make_reward_fn(c.rl.reward), settings,
+                              workdir, sources=models, is_writer=jax.process_index() == 0,
+                              progress=c.logging.progress)
+    print(open(os.path.join(workdir, "eval", "results.md")).read())
+    return results

@@ -1,0 +1,69 @@
+"""Supervised fine-tuning: cross-entropy on prompt + solution with the prompt tokens masked.
+
+Dimension key: B batch, S sequence (prompt + completion, right padded).
+
+Loss = sum over target tokens of -log p(token) / number of target tokens (a token mean over the
+batch), where target tokens are the completion and its closing EOS. Used for a pre-RL SFT stage and to
+train the embedded tiny base model from scratch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from sage_jax.logprobs import token_logp_entropy
+from sage_jax.models.decoder import positions_from_mask
+
+
+def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str], eos_id: int, length: int,
+               pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded `tokens`, `mask` (attention) and `loss_mask` (completion + EOS) of shape BxS."""
+    B = len(prompts)
+    tokens = np.full((B, length), pad_id, np.int32)
+    mask = np.zeros((B, length), np.int32)
+    loss_mask = np.zeros((B, length), np.int32)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        pi = tokenizer(p, add_special_tokens=False)["input_ids"]
+        ci = tokenizer(c, add_special_tokens=False)["input_ids"] + [eos_id]
+        n = len(pi) + len(ci)
+        if n > length:
+            raise ValueError(f"example {i}: {n} tokens (prompt {len(pi)} + completion {len(ci)}) exceed "
+                             f"data.max_sft_tokens={length}; raise it (nothing is truncated silently)")
+        tokens[i, :n] = pi + ci
+        mask[i, :n] = 1
+        loss_mask[i, len(pi):n] = 1
+    return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
+
+
+def sft_loss(params, graphdef, batch, chunk: int = 256):
+    model = nnx.merge(graphdef, params)
+    tokens, mask = batch["tokens"], batch["mask"]
+    hidden, _ = model.forward(tokens, positions_from_mask(mask), mask)
+    # hidden[:, s] predicts tokens[:, s + 1]
+    logp, ent = token_logp_entropy(hidden[:, :-1], model.unembed_matrix(), tokens[:, 1:], chunk)
+    lm = batch["loss_mask"][:, 1:].astype(jnp.float32)
+    n = jnp.maximum(lm.sum(), 1.0)
+    loss = -(logp * lm).sum() / n
+    acc = ((jnp.exp(logp) > 0.5) * lm).sum() / n  # share of target tokens the model is sure of
+    return loss, {"train/loss": loss, "train/entropy": (ent * lm).sum() / n, "train/token_conf": acc,
+                  "train/tokens": lm.sum()}
+
+
+def sft_step(state, batch, *, graphdef, tx, lr_fn, chunk=256):
+    (_, metrics), grads = jax.value_and_grad(sft_loss, has_aux=True)(state.params, graphdef, batch, chunk)
+    metrics["train/grad_norm"] = optax.tree.norm(grads)
+    metrics["train/lr"] = lr_fn(state.step)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), metrics
+
+
+def make_sft_step(graphdef, tx, lr_fn, chunk: int = 256):
+    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx, lr_fn=lr_fn, chunk=chunk), donate_argnums=0)
