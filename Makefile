@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# A rerun resumes from the checkpoints in WORKDIR (delete it to start over).
 WORKDIR ?= /tmp/sage_jax_demo
 
 .PHONY: demo test install install-test clean
@@ -23,7 +24,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
-	$(PY) -m sage_jax.demo --workdir=$(WORKDIR)
+	$(PY) -m sage_jax.main --config=configs/tiny.py --workdir=$(WORKDIR)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests

@@ -204,6 +204,11 @@ def run(c, workdir: str) -> dict[str, Any]:
     if problems and c.eval.at_start and start == 0:
         summary["before"] = quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed)
         writer.write(0, summary["before"])
+    elif start > 0 and is_main and os.path.exists(writer.path):  # report the first run's numbers again
+        from sage_jax.metric_writer import read_metrics
+        first = [r for r in read_metrics(workdir) if r["step"] == 0 and any("pass@" in k for k in r)]
+        if first:
+            summary["before"] = {k: v for k, v in first[0].items() if k.startswith("eval/")}
 
     def next_batch():
         raw = next(it)
