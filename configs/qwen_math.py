@@ -2,7 +2,7 @@
 
     python -m sage_jax.main --config=configs/qwen_math.py --workdir=gs://BUCKET/sage_qwen_math \
         --config.data.manual_dir=/data/sage_manual          # where DAPO-Math-17k etc. were placed
-    ./launch_tpu.sh --name=sage --accelerator-type=v5p-64 --config=configs/qwen_math.py --workdir=...
+    ./launch_tpu.sh --name=sage --zone=us-east5-a --accelerator-type=v5p-64 --config=configs/qwen_math.py --workdir=...
 
 The SAGE paper's setup (Lee, Kang, Hwang, ICML 2026; reference code subclasses TRL's GRPOTrainer):
 8 rollouts per prompt, beta 0.05 (k3 against the shaped anchor), eps 0.2, lr 5e-6, branch guide

@@ -82,6 +82,8 @@ def host_rewards(reward_host: HostReward, tokens_BxT, mask_BxT, answers_BxA, mes
 
     if mesh is None or mesh.size == 1:
         return cb(tokens_BxT, mask_BxT, answers_BxA)
-    spec = P(shd.BATCH_AXES)
+    # Rows split over every mesh axis when they divide, so each row is verified once (over the batch
+    # axes only, the devices of a tensor-parallel group would each verify the same rows).
+    spec = P(shd.MESH_AXES if tokens_BxT.shape[0] % mesh.size == 0 else shd.BATCH_AXES)
     return jax.shard_map(cb, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec),
                          check_vma=False)(tokens_BxT, mask_BxT, answers_BxA)

@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from sage_jax import guides, losses
+from sage_jax import sharding as shd
 from sage_jax.advantages import group_advantages
 from sage_jax.logprobs import sequence_logp_entropy, token_logp_entropy
 from sage_jax.models.decoder import positions_from_mask
@@ -86,7 +87,43 @@ def init_train_state(model: nnx.Module, cfg: RLConfig, tx: optax.GradientTransfo
     ref = jax.tree.map(jnp.copy, params) if cfg.needs_ref else None
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                        rng=jax.random.key(seed), ref_params=ref)
-    return graphdef, state
+    return graphdef, _colocate_scalars(state)
+
+
+def _colocate_scalars(state: TrainState) -> TrainState:
+    """Puts leaves created here (step, rng, optimizer counts) on the params' mesh when the params carry a
+    NamedSharding (`hf.load` places them on a 1-device mesh): the jitted step returns every leaf on that
+    mesh, so otherwise the second step sees different input shardings and compiles again."""
+    named = [x.sharding for x in jax.tree.leaves(state.params) if isinstance(getattr(x, "sharding", None),
+                                                                            jax.sharding.NamedSharding)]
+    if not named:
+        return state
+    rep = jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec())
+    fix = lambda x: x if isinstance(x.sharding, jax.sharding.NamedSharding) else jax.device_put(x, rep)
+    return jax.tree.map(fix, state)
+
+
+def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformation, seed: int, mesh,
+                             rules=None) -> tuple[nnx.GraphDef, TrainState]:
+    """`init_train_state` with every leaf born in the sharding the rules give it (DESIGN §5.6).
+
+    `model`: a zero-argument constructor of the Decoder (its params are created under jit, each device
+    materialising only its shards), or a Decoder whose params are already placed (`hf.load(..., mesh=mesh)`):
+    those are kept and only the optimizer state and the reference copy are created, directly sharded.
+    """
+    if callable(model) and not isinstance(model, nnx.Module):
+        graphdef = nnx.graphdef(nnx.eval_shape(model))
+        return graphdef, shd.born_sharded(lambda: init_train_state(model(), cfg, tx, seed)[1], mesh, rules)
+    graphdef, params = nnx.split(model)
+
+    def extra(p):
+        return tx.init(p), (jax.tree.map(jnp.copy, p) if cfg.needs_ref else None)
+
+    out = shd.state_shardings(jax.eval_shape(extra, params), mesh, rules)
+    opt_state, ref = jax.jit(extra, out_shardings=out)(params)
+    rng = jax.device_put(jax.random.key(seed), shd.replicated(mesh))
+    step = jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(mesh))
+    return graphdef, TrainState(step=step, params=params, opt_state=opt_state, rng=rng, ref_params=ref)
 
 
 def _forward_kl(pol, ref, tokens, mask, P, chunk, temperature):
@@ -112,9 +149,28 @@ def _forward_kl(pol, ref, tokens, mask, P, chunk, temperature):
 
 def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
             reward_host: HostReward, mesh=None) -> tuple[TrainState, dict[str, Array]]:
-    """One RL step. `batch`: prompt_NxP (int32), prompt_mask_NxP, answer_NxA (int32, -1 padded)."""
+    """One RL step. `batch`: prompt_NxP (int32), prompt_mask_NxP, answer_NxA (int32, -1 padded).
+
+    With a `mesh`: rows are split over (data, fsdp), activations and the KV cache are pinned by the
+    sharding rules, and the new state leaves in the same shardings as the rules give the old one (so
+    a born-sharded state is donated in place and the step compiles once); metrics are replicated.
+    """
+    kw = dict(graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lr_fn, reward_host=reward_host, mesh=mesh)
+    if mesh is None:
+        return _rl_step(state, batch, **kw)
+    shd.check_rows(batch["prompt"].shape[0] * cfg.group_size, mesh, "rows (prompts per step x rl.group_size)")
+    batch = jax.lax.with_sharding_constraint(batch, shd.batch_shardings(batch, mesh))
+    with shd.activation_sharding(mesh):
+        new_state, metrics = _rl_step(state, batch, **kw)
+    new_state = jax.lax.with_sharding_constraint(new_state, shd.state_shardings(state, mesh))
+    return new_state, jax.lax.with_sharding_constraint(metrics, shd.replicated(mesh))
+
+
+def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
+             reward_host: HostReward, mesh=None) -> tuple[TrainState, dict[str, Array]]:
     G, M = cfg.group_size, cfg.num_minibatches
-    rep = lambda x: jnp.repeat(x, G, axis=0)
+    # Rows over (data, fsdp) under a sharded step (identity otherwise).
+    rep = lambda x: shd.constrain(jnp.repeat(x, G, axis=0), ("batch", None))
     prompt, pmask, answers = rep(batch["prompt"]), rep(batch["prompt_mask"]), rep(batch["answer"])
     B, P = prompt.shape
     if B % M:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sage_jax import sharding as shd
 from sage_jax.models.config import ModelConfig
 
 Array = jax.Array
@@ -125,12 +126,31 @@ class Attention(nnx.Module):
         causal_TxS = jnp.arange(S)[None, :] <= q_slot[:, None]
         mask_BxTxS = causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
         qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_all) * (cfg.head_dim ** -0.5)
-        scores = jnp.where(mask_BxTxS[:, None, None], scores.astype(jnp.float32), _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all).reshape(B, T, cfg.num_heads, cfg.head_dim)
+        if T == 1 and cache is not None:
+            out = _decode_attention(qg[:, 0], k_all, v_all, mask_BxTxS[:, 0], self.dtype)[:, None]
+        else:
+            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_all) * (cfg.head_dim ** -0.5)
+            scores = jnp.where(mask_BxTxS[:, None, None], scores.astype(jnp.float32), _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all)
+        out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
         y = jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype))
         return y, cache
+
+
+def _decode_attention(q_BxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxS, dtype):
+    """One query per row against the cache, as multiply-and-reduce (float32 accumulation).
+
+    A dot_general wants (b, k) as leading batch dims, so with the BxSxKxDh cache XLA:CPU transpose-copied
+    every layer's whole cache at every decode step (the largest cost of the decode loop); the reductions
+    read the cache once in its own layout.
+    """
+    f32 = jnp.float32
+    scale = q_BxKxGxDh.shape[-1] ** -0.5
+    scores_BxSxKxG = jnp.sum(q_BxKxGxDh[:, None].astype(f32) * k_BxSxKxDh[:, :, :, None].astype(f32), axis=-1)
+    scores_BxSxKxG = jnp.where(mask_BxS[:, :, None, None], scores_BxSxKxG * scale, _NEG_INF)
+    probs = jax.nn.softmax(scores_BxSxKxG, axis=1)
+    return jnp.sum(probs[..., None] * v_BxSxKxDh[:, :, :, None].astype(f32), axis=1).astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -192,11 +212,15 @@ class Decoder(nnx.Module):
         Without a cache, S == T and `kv_mask_BxS` is the attention mask. With a cache of S slots, this
         chunk is written at slots [cache_index, cache_index + T) and `kv_mask_BxS` marks valid slots.
         """
-        x = jnp.take(self.embed[...], tokens_BxT, axis=0).astype(self.dtype)
+        # `shd.constrain` pins the residual stream at block boundaries under a sharded step (rows over
+        # data x fsdp); it is the identity otherwise.
+        act = lambda h: shd.constrain(h, ("batch", "seq", "act_embed"))
+        x = act(jnp.take(self.embed[...], tokens_BxT, axis=0).astype(self.dtype))
         cos, sin = rope_cos_sin(self.cfg, positions_BxT)
         new_cache = [] if cache is not None else None
         for i, layer in enumerate(self.layers):
             x, c = layer(x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
+            x = act(x)
             if cache is not None:
                 new_cache.append(c)
         return self.final_norm(x), new_cache
@@ -215,7 +239,8 @@ class Decoder(nnx.Module):
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> list[dict[str, Array]]:
     """Static-shape KV cache: per layer k, v of shape BxSxKxDh (kept in the decode loop carry)."""
     shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
-    return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(cfg.num_layers)]
+    return shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+                                for _ in range(cfg.num_layers)])
 
 
 def param_count(model: nnx.Module) -> int:
