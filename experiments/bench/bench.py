@@ -1,0 +1,443 @@
+"""RL-step benchmark: this project's fused jitted GRPO/SAGE step against TRL's GRPOTrainer (not a test).
+
+    .venv/bin/python experiments/bench/bench.py            # full run (~20 min on 2 CPU cores)
+    .venv/bin/python experiments/bench/bench.py --quick    # tiny shape only, few steps
+
+Both sides get the same random tiny Qwen2 checkpoint (HF format, written once), the same 8 prompts
+(16 tokens each, no padding), group size, completion length (forced to the full length: no stop id
+on our side, `min_new_tokens` on TRL's), learning rate, AdamW settings, beta > 0 and the same cheap
+text reward (`reward.py`). TRL runs in its own pinned virtual environment (`.venv-trl`, created on
+first use from `trl_requirements.txt`), in a subprocess, one shape at a time, interleaved with ours.
+
+Outputs next to this file: results.json (DESIGN §6 schema plus extra keys), results.md, scaling.png.
+Dimension key: N prompts, G group size, B = N * G rows, P prompt length, T completion length,
+D model, F MLP, L layers, H / K query / kv heads, Dh head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from reward import count_ones  # noqa: E402
+from sage_jax import guides, losses, optim  # noqa: E402
+from sage_jax import rl_step as R  # noqa: E402
+from sage_jax.advantages import group_advantages  # noqa: E402
+from sage_jax.logprobs import sequence_logp_entropy  # noqa: E402
+from sage_jax.models import hf  # noqa: E402
+from sage_jax.models.decoder import Decoder  # noqa: E402
+from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
+from sage_jax.reward_host import HostReward, encode_answers  # noqa: E402
+from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
+
+SHAPES = {  # the issue's two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
+    "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, prompts=8, group=8, T=64),
+    "small": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536, prompts=8, group=8, T=128),
+}
+LR, BETA, P_LEN = 1e-6, 0.04, 16
+TRL_PINS = os.path.join(HERE, "trl_requirements.txt")
+TRL_VENV = os.path.join(HERE, ".venv-trl")
+TORCH_WHEEL_PIN = "torch==2.13.0"
+
+# ------------------------------------------------------------------------------------------ compile counter
+_COMPILES = [0]
+
+
+def _on_event(name, *a, **k):
+    if name == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+# ------------------------------------------------------------------------------------------ setup
+def prompts(n: int) -> list[str]:
+    """n distinct 16-character prompts without spaces (one token per character, no padding)."""
+    out = [f"Q{i}:{i * 137 % 1000:03d}+{i * 71 % 1000:03d}=" for i in range(n)]
+    return [p + "?" * (P_LEN - len(p)) for p in out]
+
+
+def model_config(shape):
+    s = SHAPES[shape]
+    return tiny_config(hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=s["num_heads"],
+                       num_kv_heads=2, intermediate_size=s["intermediate_size"])
+
+
+def write_checkpoint(shape: str, workdir: str) -> str:
+    out = os.path.join(workdir, f"ckpt_{shape}")
+    if not os.path.exists(os.path.join(out, "model.safetensors")):
+        cfg = model_config(shape)
+        hf.save(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, out, tokenizer=char_tokenizer())
+    return out
+
+
+def make_batch(tok, n):
+    ids = np.asarray([tok(p, add_special_tokens=False)["input_ids"] for p in prompts(n)], np.int32)
+    assert ids.shape == (n, P_LEN), ids.shape
+    return dict(prompt=jnp.asarray(ids), prompt_mask=jnp.ones_like(jnp.asarray(ids)),
+                answer=jnp.asarray(encode_answers(tok, ["0"] * n, 4)))
+
+
+def rl_config(T, G, guide):
+    return R.RLConfig(group_size=G, sampling=SamplingConfig(max_new_tokens=T, temperature=1.0, eos_ids=(), pad_id=0),
+                      loss=losses.LossConfig(beta=BETA, loss_type="grpo"), guide=guide, scale_rewards="group")
+
+
+def optimizer():
+    # TRL's defaults: AdamW (0.9, 0.999, 1e-8), weight decay 0, grad clip 1.0, constant lr.
+    return optim.make_optimizer(optim.OptimConfig(learning_rate=LR, weight_decay=0.0, grad_clip_norm=1.0))
+
+
+class Setup:
+    def __init__(self, ckpt, T, G, guide, n_prompts):
+        self.tok = char_tokenizer()
+        model, self.mcfg = hf.load(ckpt)
+        self.cfg = rl_config(T, G, guide)
+        self.tx, self.lr_fn = optimizer()
+        self.host = HostReward(self.tok, count_ones)
+        self.graphdef, self.state = R.init_train_state(model, self.cfg, self.tx, seed=0)
+        self.batch = make_batch(self.tok, n_prompts)
+        self.step_fn = R.make_rl_step(self.graphdef, self.cfg, self.tx, self.lr_fn, self.host)
+        self.T, self.G, self.N = T, G, n_prompts
+
+
+def time_fused(s: Setup, warmup: int, steps: int):
+    """Median wall time of the fused step after `warmup` steps, and the compiles during the timed steps."""
+    times, compiles_before = [], None
+    for i in range(warmup + steps):
+        if i == 1:
+            compiles_before = _COMPILES[0]
+        t0 = time.perf_counter()
+        s.state, m = s.step_fn(s.state, s.batch)
+        jax.block_until_ready((s.state, m))
+        times.append(time.perf_counter() - t0)
+    m = jax.device_get(m)
+    tokens = int(m["rollout/tokens"])
+    assert tokens == s.N * s.G * s.T, (tokens, "completions were not full length")
+    return dict(step_s=times, median_step_s=statistics.median(times[warmup:]), first_step_s=times[0],
+                compiles_after_first_step=_COMPILES[0] - compiles_before, completion_tokens=tokens,
+                jit_cache_size=s.step_fn._cache_size())
+
+
+# ------------------------------------------------------------------------------------------ phases
+def phase_fns(s: Setup):
+    """Separately jitted rollout, reference forward and policy forward+backward+update on the step's shapes."""
+    g, cfg, G = s.graphdef, s.cfg, s.G
+    P = P_LEN
+
+    @jax.jit
+    def rollout(params, prompt, pmask, key):
+        rep = lambda x: jnp.repeat(x, G, axis=0)
+        out = generate(nnx.merge(g, params), rep(prompt), rep(pmask), key, cfg.sampling)
+        return out.tokens_BxT, out.mask_BxT, out.logp_BxT
+
+    @jax.jit
+    def ref_forward(ref_params, tokens, fmask):
+        return sequence_logp_entropy(nnx.merge(g, ref_params), tokens, fmask, P, cfg.logp_chunk, 1.0)
+
+    def loss_fn(params, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key):
+        logp, ent = sequence_logp_entropy(nnx.merge(g, params), tokens, fmask, P, cfg.logp_chunk, 1.0)
+        inputs = guides.GuideInputs(mask_BxT=cmask, step=step, max_steps=cfg.max_steps, key=key, entropy_BxT=ent,
+                                    logp_BxT=jax.lax.stop_gradient(logp), ref_logp_BxT=ref_logp,
+                                    ref_entropy_BxT=ref_ent)
+        log_q, _ = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
+        loss, _ = losses.policy_loss(logp, None, ref_logp, log_q, adv, cmask, cfg.loss,
+                                     num_batch_tokens=cmask.sum())
+        return loss
+
+    @jax.jit
+    def train(params, opt_state, step, tokens, fmask, cmask, adv, ref_logp, ref_ent, key):
+        grads = jax.grad(loss_fn)(params, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key)
+        upd, opt_state = s.tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, upd), opt_state
+
+    return rollout, ref_forward, train
+
+
+def time_phases(s: Setup, reps: int):
+    rollout, ref_forward, train = phase_fns(s)
+    st = s.state
+    b = s.batch
+    key = jax.random.key(1)
+    res = {k: [] for k in ("rollout", "reward", "ref_forward", "train")}
+    for i in range(reps + 1):  # the first repetition compiles
+        t0 = time.perf_counter()
+        tokens, cmask, _ = jax.block_until_ready(rollout(st.params, b["prompt"], b["prompt_mask"], key))
+        t1 = time.perf_counter()
+        tok_np, m_np = np.asarray(tokens), np.asarray(cmask)
+        ans = np.repeat(np.asarray(b["answer"]), s.G, axis=0)
+        t1b = time.perf_counter()
+        rewards, _ = s.host(tok_np, m_np, ans)
+        t2 = time.perf_counter()
+        prompt = jnp.repeat(b["prompt"], s.G, axis=0)
+        full = jnp.concatenate([prompt, tokens], axis=1)
+        fmask = jnp.concatenate([jnp.ones_like(prompt), cmask], axis=1)
+        adv, _ = group_advantages(jnp.asarray(rewards), s.G, "group")
+        jax.block_until_ready((full, fmask, adv))
+        t3 = time.perf_counter()
+        ref_logp, ref_ent = jax.block_until_ready(ref_forward(st.ref_params, full, fmask))
+        t4 = time.perf_counter()
+        out = jax.block_until_ready(train(st.params, st.opt_state, st.step, full, fmask, cmask, adv, ref_logp,
+                                          ref_ent, key))
+        t5 = time.perf_counter()
+        del out
+        if i:
+            for k, v in zip(res, (t1 - t0, t2 - t1b, t4 - t3, t5 - t4)):
+                res[k].append(v)
+    return {k: statistics.median(v) for k, v in res.items()}
+
+
+# ------------------------------------------------------------------------------------------ roofline
+def matmul_gflops(m, k, n, reps=5):
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    f = jax.jit(lambda a, b: a @ b)
+    jax.block_until_ready(f(a, b))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(f(a, b))
+        ts.append(time.perf_counter() - t)
+    return 2 * m * k * n / min(ts) / 1e9
+
+
+def flops(mcfg, B, P, T):
+    """Matmul FLOPs of each phase as the dense implementation executes them (attention over all S slots)."""
+    D, F, L, V = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_layers, mcfg.vocab_size
+    H, K, Dh = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim
+    body = L * (D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F)  # matmul weights per token
+    attn = lambda q, s: 4 * L * H * Dh * q * s  # scores + weighted sum
+    S = P + T
+    # Rollout: prefill P tokens (LM head on the last one), then T - 1 decode steps over the S-slot cache.
+    decode = B * (2 * body * P + attn(P, S) + 2 * D * V) + (T - 1) * B * (2 * body + attn(1, S) + 2 * D * V)
+    fwd = B * (2 * body * S + attn(S, S) + 2 * D * V * T)  # full-sequence forward, LM head on the T outputs
+    return dict(decode=decode, ref_forward=fwd, train=3 * fwd, params_matmul=body + D * V)
+
+
+# ------------------------------------------------------------------------------------------ TRL
+def ensure_trl_venv():
+    py = os.path.join(TRL_VENV, "bin", "python")
+    if os.path.exists(py):
+        return py
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.check_call([base, "-m", "venv", TRL_VENV])
+    pip = [py, "-m", "pip", "install", "-q"]
+    subprocess.check_call(pip + [TORCH_WHEEL_PIN])  # torch first and pinned: never a resolver-chosen build
+    subprocess.check_call(pip + ["-r", TRL_PINS])
+    return py
+
+
+# name -> (trl_side --variant, torch threads; 0 = torch's default, all cores). Under a loaded machine torch's
+# OpenMP pool with 2 threads slows down several-fold (threads wait on descheduled peers), so TRL is also
+# timed on one thread and the comparison takes TRL's fastest configuration.
+TRL_VARIANTS = {"fp32": ("fp32", 0), "fp32_1thread": ("fp32", 1), "defaults": ("defaults", 0)}
+
+
+def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, timeout_s=900):
+    mode, threads = TRL_VARIANTS[variant]
+    cmd = [py, os.path.join(HERE, "trl_side.py"), "--model", ckpt, "--prompts", prompts_file,
+           "--completion-len", str(T), "--group", str(G), "--steps", str(steps), "--warmup", str(warmup),
+           "--lr", str(LR), "--beta", str(BETA), "--out", out, "--variant", mode, "--threads", str(threads)]
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    if os.path.exists(out):
+        os.remove(out)
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                       timeout=timeout_s)
+        res = json.load(open(out))
+    except subprocess.TimeoutExpired:  # keep the steps done so far (trl_side writes after each step)
+        res = json.load(open(out)) if os.path.exists(out) else dict(step_s=[])
+        res["timed_out_after_s"] = timeout_s
+        timed = res["step_s"][warmup:] or res["step_s"][-1:]
+        res["median_step_s"] = statistics.median(timed) if timed else float("nan")
+    res["threads_arg"] = threads
+    return res
+
+
+# ------------------------------------------------------------------------------------------ main
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="tiny shape only, few steps, no scaling")
+    ap.add_argument("--workdir", default="/tmp/sage_bench")
+    ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument("--out", default=HERE)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    shapes = ["tiny"] if a.quick else ["tiny", "small"]
+    t_start = time.time()
+    res = dict(meta=dict(jax=jax.__version__, backend=jax.default_backend(), cpus=os.cpu_count(),
+                         xla_flags=os.environ.get("XLA_FLAGS", ""), quick=a.quick,
+                         started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
+
+    # Roofline: the machine's float32 matmul throughput, measured now (the machine is shared).
+    roof = dict(square_2048=matmul_gflops(2048, 2048, 2048))
+    for shape in shapes:
+        s = SHAPES[shape]
+        rows, D, F = s["prompts"] * s["group"], s["hidden_size"], s["intermediate_size"]
+        roof[f"decode_{shape}_{rows}x{D}x{F}"] = matmul_gflops(rows, D, F, reps=20)
+    roof["decode_64x512x8192"] = matmul_gflops(64, 512, 8192, reps=10)
+    res["matmul_gflops"] = roof
+    print("matmul GFLOP/s:", {k: round(v, 1) for k, v in roof.items()}, flush=True)
+
+    py = None if a.no_trl else ensure_trl_venv()
+    prompts_file = os.path.join(a.workdir, "prompts.json")
+    json.dump(prompts(8), open(prompts_file, "w"))
+    # Steps after warm-up: the small shape costs tens of seconds per step on a shared 2-core machine.
+    counts = dict(tiny=(1, 3) if a.quick else (2, 5), small=(1, 3))
+
+    for shape in shapes:
+        sh = SHAPES[shape]
+        ckpt = write_checkpoint(shape, a.workdir)
+        T, G, N = sh["T"], sh["group"], sh["prompts"]
+        r = dict(rows=N * G, completion_len=T, prompt_len=P_LEN)
+        warmup, steps = counts[shape]
+        for guide in ("none", "branch"):
+            s = Setup(ckpt, T, G, guide, N)
+            r[f"ours_{guide}"] = time_fused(s, warmup, steps)
+            print(shape, guide, {k: v for k, v in r[f"ours_{guide}"].items() if k != "step_s"}, flush=True)
+            if guide == "none":
+                r["phases_s"] = time_phases(s, reps=2)
+                print(shape, "phases", r["phases_s"], flush=True)
+            del s
+        if py:
+            tw, ts = (1, 3) if a.quick else (2, 4) if shape == "tiny" else (1, 2)
+            # TRL's own defaults (bf16 autocast, gradient checkpointing) only where a step is cheap.
+            for variant in ("fp32", "fp32_1thread", "defaults") if shape == "tiny" else ("fp32_1thread", "fp32"):
+                r[f"trl_{variant}"] = run_trl(py, ckpt, prompts_file, T, G, tw + ts, tw,
+                                              os.path.join(a.workdir, f"trl_{shape}_{variant}.json"), variant,
+                                              timeout_s=180 if shape == "tiny" else 300)
+                print(shape, "trl", variant, r[f"trl_{variant}"]["median_step_s"], flush=True)
+            # Ours once more after TRL: the machine is shared, so bracket TRL's run with ours.
+            s = Setup(ckpt, T, G, "none", N)
+            r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
+            del s
+        mcfg = model_config(shape)
+        fl = flops(mcfg, N * G, P_LEN, T)
+        ph = r["phases_s"]
+        peak = roof["square_2048"]
+        r["flops"] = fl
+        r["roofline"] = {
+            "decode": dict(gflops=fl["decode"] / ph["rollout"] / 1e9,
+                           frac_of_square=fl["decode"] / ph["rollout"] / 1e9 / peak,
+                           frac_of_decode_shaped=fl["decode"] / ph["rollout"] / 1e9 /
+                           roof[f"decode_{shape}_{N * G}x{mcfg.hidden_size}x{mcfg.intermediate_size}"]),
+            "ref_forward": dict(gflops=fl["ref_forward"] / ph["ref_forward"] / 1e9,
+                                frac_of_square=fl["ref_forward"] / ph["ref_forward"] / 1e9 / peak),
+            "train": dict(gflops=fl["train"] / ph["train"] / 1e9,
+                          frac_of_square=fl["train"] / ph["train"] / 1e9 / peak),
+        }
+        ours = statistics.median([r["ours_none"]["median_step_s"]] +
+                                 ([r["ours_none_after"]["median_step_s"]] if "ours_none_after" in r else []))
+        r["ours_step_s"] = ours
+        r["ours_tokens_per_s"] = N * G * T / ours
+        if py:
+            trl = {v: r[f"trl_{v}"]["median_step_s"] for v in TRL_VARIANTS if f"trl_{v}" in r}
+            r["trl_best_variant"] = min(trl, key=trl.get)
+            r["trl_step_s"] = trl[r["trl_best_variant"]]
+            r["speedup"] = r["trl_step_s"] / ours
+            r["trl_tokens_per_s"] = N * G * T / r["trl_step_s"]
+            if "trl_defaults" in r:
+                r["trl_defaults_step_s"] = r["trl_defaults"]["median_step_s"]
+                r["speedup_vs_trl_defaults"] = r["trl_defaults_step_s"] / ours
+        r["branch_over_none"] = r["ours_branch"]["median_step_s"] / r["ours_none"]["median_step_s"]
+        res[shape] = r
+
+    if not a.quick:
+        ckpt = write_checkpoint("tiny", a.workdir)
+        scal = dict(completion_len={}, group_size={})
+        for T in (64, 128, 256, 512):
+            s = Setup(ckpt, T, 8, "none", 8)
+            scal["completion_len"][T] = time_fused(s, 1, 2)["median_step_s"]
+            print("scaling T", T, scal["completion_len"][T], flush=True)
+        for G in (4, 8, 16, 32):
+            s = Setup(ckpt, 64, G, "none", 8)
+            scal["group_size"][G] = time_fused(s, 1, 2)["median_step_s"]
+            print("scaling G", G, scal["group_size"][G], flush=True)
+        res["scaling_tiny"] = scal
+        plot_scaling(scal, os.path.join(a.out, "scaling.png"))
+    res["meta"]["wall_s"] = time.time() - t_start
+    name = "results_quick" if a.quick else "results"
+    json.dump(res, open(os.path.join(a.out, f"{name}.json"), "w"), indent=1)
+    open(os.path.join(a.out, f"{name}.md"), "w").write(markdown(res, shapes))
+    print(markdown(res, shapes))
+
+
+def plot_scaling(scal, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (key, label) in zip(axes, (("completion_len", "completion length T (G=8)"),
+                                       ("group_size", "group size G (T=64)"))):
+        xs = sorted(int(x) for x in scal[key])
+        ys = [scal[key][x] for x in xs]
+        ax.plot(xs, ys, "o-", label="measured")
+        ax.plot(xs, [ys[0] * x / xs[0] for x in xs], "--", color="gray", label="linear from first point")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("step time, s")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("sage_jax RL step (tiny h128/L4, 8 prompts, beta=0.04), CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(res, shapes):
+    L = ["| shape | rows x T | ours s/step | TRL s/step (fastest config) | speedup | TRL fp32 2 threads | "
+         "TRL fp32 1 thread | TRL defaults (bf16, GC) | ours tok/s | TRL tok/s | branch/none | recompiles |",
+         "|" + "---|" * 12]
+    for sh in shapes:
+        r = res[sh]
+        f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "-"
+        t = lambda v: f"{r['trl_' + v]['median_step_s']:.3f}" if "trl_" + v in r else "-"
+        rec = max(r["ours_none"]["compiles_after_first_step"], r["ours_branch"]["compiles_after_first_step"])
+        L.append(f"| {sh} | {r['rows']} x {r['completion_len']} | {f('ours_step_s')} | "
+                 f"{f('trl_step_s')} ({r.get('trl_best_variant', '-')}) | {f('speedup', '{:.2f}x')} | "
+                 f"{t('fp32')} | {t('fp32_1thread')} | {t('defaults')} | "
+                 f"{f('ours_tokens_per_s', '{:,.0f}')} | {f('trl_tokens_per_s', '{:,.0f}')} | "
+                 f"{r['branch_over_none']:.2f} | {rec} |")
+    L += ["", "Phases of our step (separately jitted, median s) and roofline "
+          f"(fp32 matmul 2048^3: {res['matmul_gflops']['square_2048']:.0f} GFLOP/s):", "",
+          "| shape | rollout | reward | ref fwd | train (fwd+bwd+adamw) | sum | fused | decode GFLOP/s (frac) | "
+          "ref fwd GFLOP/s (frac) | train GFLOP/s (frac) |", "|" + "---|" * 10]
+    for sh in shapes:
+        r = res[sh]
+        p, rf = r["phases_s"], r["roofline"]
+        g = lambda k: f"{rf[k]['gflops']:.0f} ({100 * rf[k]['frac_of_square']:.0f}%)"
+        L.append(f"| {sh} | {p['rollout']:.3f} | {p['reward']:.4f} | {p['ref_forward']:.3f} | {p['train']:.3f} | "
+                 f"{sum(p.values()):.3f} | {r['ours_none']['median_step_s']:.3f} | {g('decode')} | "
+                 f"{g('ref_forward')} | {g('train')} |")
+    if "scaling_tiny" in res:
+        sc = res["scaling_tiny"]
+        L += ["", "Scaling (tiny shape, s/step): completion length T at G=8 | group size G at T=64", "",
+              "| T | " + " | ".join(str(k) for k in sc["completion_len"]) + " |",
+              "|---|" + "---|" * len(sc["completion_len"]),
+              "| s | " + " | ".join(f"{v:.3f}" for v in sc["completion_len"].values()) + " |", "",
+              "| G | " + " | ".join(str(k) for k in sc["group_size"]) + " |",
+              "|---|" + "---|" * len(sc["group_size"]),
+              "| s | " + " | ".join(f"{v:.3f}" for v in sc["group_size"].values()) + " |"]
+    return "\n".join(L) + "\n"
+
+
+if __name__ == "__main__":
+    main()
