@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.template = "chat"  # chat | sage | r1 | plain | a '{problem}' string
     c.data.system_prompt = ml_collections.config_dict.placeholder(str)
     c.data.batch_size = 8  # prompts per RL step (global); SFT: sequences per step
+    c.data.max_train_problems = 0  # use only the first N training problems (0 = all), repeated by epochs
     c.data.max_prompt_tokens = 64  # prompts longer than this are an error, not truncated
     c.data.max_answer_tokens = 32
     c.data.max_sft_tokens = 128

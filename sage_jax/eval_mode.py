@@ -88,15 +88,18 @@ def run(c, workdir: str) -> dict:
     from sage_jax.train import _stop_ids
     from sage_jax.models.config import ModelConfig
 
+    from sage_jax import sharding
+    mesh = sharding.make_mesh(tuple(c.mesh.shape))
+
     def factory(path):
         def build(s: EvalSettings):
-            model, tp = load_policy(path)
+            model, tp = load_policy(path, mesh=mesh)
             tok = hf.load_tokenizer(tp)
             mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(tp))
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                  eos_ids=_stop_ids(tok, mcfg), pad_id=int(pad), **dict(s.sampler))
-            return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size)
+            return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build
 
     results = evaluate_models({k: factory(v) for k, v in models.items()},

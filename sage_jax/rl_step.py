@@ -121,8 +121,9 @@ def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformat
 
     out = shd.state_shardings(jax.eval_shape(extra, params), mesh, rules)
     opt_state, ref = jax.jit(extra, out_shardings=out)(params)
-    rng = jax.device_put(jax.random.key(seed), shd.replicated(mesh))
-    step = jax.device_put(jnp.zeros((), jnp.int32), shd.replicated(mesh))
+    # born under jit, not device_put from this host: a multi-process mesh is not fully addressable
+    rng = jax.jit(lambda: jax.random.key(seed), out_shardings=shd.replicated(mesh))()
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=shd.replicated(mesh))()
     return graphdef, TrainState(step=step, params=params, opt_state=opt_state, rng=rng, ref_params=ref)
 
 

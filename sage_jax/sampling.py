@@ -185,11 +185,22 @@ class TextSampler:
     batches of `batch_size` (a fixed shape, so one compilation serves all batches).
     """
 
-    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, chat_template: bool = False):
+    def __init__(self, model, tokenizer, cfg: SamplingConfig, batch_size: int = 64, chat_template: bool = False,
+                 mesh=None):
         self.graphdef, self.state = nnx.split(model)
         self.tokenizer, self.cfg, self.batch_size = tokenizer, cfg, batch_size
         self.chat_template = chat_template
+        self.mesh = mesh  # rows split over the mesh's batch axes (params keep the shardings they carry)
+        if mesh is not None:
+            from sage_jax import sharding as shd
+            shd.check_rows(batch_size, mesh, "eval.batch_size (sampler rows)")
         self._fn = make_generate_fn(self.graphdef, cfg)
+
+    def _place(self, x: np.ndarray):
+        if self.mesh is None:
+            return x
+        from sage_jax import sharding as shd
+        return jax.device_put(x, shd.batch_sharding(self.mesh, x.ndim))
 
     def encode(self, prompt: str) -> list[int]:
         if self.chat_template:  # render to text, then tokenize: special tokens in the text are matched
@@ -205,7 +216,8 @@ class TextSampler:
             chunk = rows[start:start + self.batch_size]
             filler = self.batch_size - len(chunk)
             toks, mask = left_pad(chunk + [chunk[-1]] * filler, self.cfg.pad_id)
-            res = jax.device_get(self._fn(self.state, toks, mask, jax.random.fold_in(key, b)))
+            res = jax.device_get(self._fn(self.state, self._place(toks), self._place(mask),
+                                          jax.random.fold_in(key, b)))
             for i in range(len(chunk)):
                 m = res.mask_BxT[i].astype(bool)
                 ids = res.tokens_BxT[i][m].tolist()

@@ -25,7 +25,7 @@ from sage_jax.checkpoint import Checkpointer
 from sage_jax.metric_writer import MetricWriter
 from sage_jax.models import hf
 from sage_jax.reward_host import HostReward, encode_answers
-from sage_jax.rl_step import RLConfig, TrainState, init_train_state, make_rl_step
+from sage_jax.rl_step import RLConfig, TrainState, init_train_state_sharded, make_rl_step
 from sage_jax.sampling import SamplingConfig, TextSampler, left_pad
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,29 @@ def prompt_iterator(c, s: Setup, split: str, seed: int):
     if c.data.batch_size % n_proc:
         raise config_lib.ConfigValidationError(
             f"data.batch_size={c.data.batch_size} is not divisible by the {n_proc} processes")
-    return make_prompt_iterator(data_source(c, s.workdir, split), batch_size=c.data.batch_size // n_proc, seed=seed,
+    source = data_source(c, s.workdir, split)
+    if c.data.max_train_problems:
+        source = _Head(source, c.data.max_train_problems)
+    return make_prompt_iterator(source, batch_size=c.data.batch_size // n_proc, seed=seed,
                                 template=c.data.template, tokenizer=s.tokenizer, system_prompt=c.data.system_prompt)
+
+
+class _Head:
+    """The first n records of a random-access source (a smaller training pool)."""
+
+    def __init__(self, source, n: int):
+        if n > len(source):
+            raise config_lib.ConfigValidationError(
+                f"data.max_train_problems={n} exceeds the {len(source)} training problems")
+        self.source, self.n = source, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.source[i]
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -124,7 +145,7 @@ def eval_problems(c, s: Setup) -> list[dict]:
 def make_eval_sampler(c, s: Setup, graphdef, params) -> TextSampler:
     cfg = SamplingConfig(max_new_tokens=c.eval.max_new_tokens, temperature=c.eval.temperature, top_p=c.eval.top_p,
                          eos_ids=s.eos_ids, pad_id=s.pad_id)
-    return TextSampler(nnx.merge(graphdef, params), s.tokenizer, cfg, batch_size=c.eval.batch_size)
+    return TextSampler(nnx.merge(graphdef, params), s.tokenizer, cfg, batch_size=c.eval.batch_size, mesh=s.mesh)
 
 
 # ------------------------------------------------------------------------------------------ loop
@@ -175,7 +196,8 @@ def run(c, workdir: str) -> dict[str, Any]:
     ocfg = dataclasses.replace(config_lib.optim_config(c), total_steps=c.max_steps * per_step)
     tx, lr_fn = optim.make_optimizer(ocfg)
     if c.mode == "rl":
-        graphdef, state = init_train_state(model, rl_cfg, tx, c.seed)
+        # params are placed by hf.load; the optimizer state and the reference are born in their shardings
+        graphdef, state = init_train_state_sharded(model, rl_cfg, tx, c.seed, s.mesh)
         step_fn = make_rl_step(graphdef, rl_cfg, tx, lr_fn, HostReward(s.tokenizer, s.reward_fn), s.mesh)
     else:
         from sage_jax.sft import make_sft_step
@@ -254,9 +276,14 @@ def run(c, workdir: str) -> dict[str, Any]:
         if problems and c.eval.at_end:
             summary["after"] = quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed)
             writer.write(step, summary["after"])
-        if c.ckpt.export_hf and is_main:
+        if c.ckpt.export_hf:
+            params = state.params
+            if jax.process_count() > 1:  # collective (every process): host copies of arrays spanning hosts
+                from jax.experimental import multihost_utils
+                params = jax.tree.map(jnp.asarray, multihost_utils.process_allgather(params, tiled=True))
             out = os.path.join(workdir, "export_hf")
-            hf.save(nnx.merge(graphdef, state.params), s.model_cfg, out, tokenizer=s.tokenizer)
+            if is_main:
+                hf.save(nnx.merge(graphdef, params), s.model_cfg, out, tokenizer=s.tokenizer)
             summary["export"] = out
     ckpt.close()
     writer.close()

@@ -233,10 +233,28 @@ def save(model: Decoder, config: ModelConfig, out_dir: str, tokenizer=None, dtyp
     return out_dir
 
 
+# Tokenizers saved from a bare `tokenizers` object: their tokenizer.json is the whole definition.
+_GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(path: str):
-    """`transformers.AutoTokenizer` from the model directory (its own chat template applies)."""
-    from transformers import AutoTokenizer
+    """The model directory's tokenizer (its own chat template applies).
+
+    `AutoTokenizer` in transformers 5 maps a generic `tokenizer_class` to the model type's tokenizer
+    (Qwen2Tokenizer for a qwen2 config), which rebuilds a byte-level BPE pre-tokenizer over the
+    vocabulary: for the tiny char-level model that silently drops every space. A generic class is
+    therefore loaded as exactly what tokenizer.json says.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    path = _resolve(path)
+    cls = None
+    cfg_file = os.path.join(path, "tokenizer_config.json")
+    if os.path.isfile(cfg_file):
+        with open(cfg_file) as f:
+            cls = json.load(f).get("tokenizer_class")
     try:
-        return AutoTokenizer.from_pretrained(_resolve(path))
+        if cls in _GENERIC_TOKENIZER_CLASSES and os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: no usable tokenizer ({str(e).splitlines()[0]})") from None

@@ -1,0 +1,55 @@
+"""`mode=eval` end to end: the shipped HF dir and a run's Orbax checkpoint, results + table + plots, resume."""
+
+import json
+import os
+
+import ml_collections
+import pytest
+
+from sage_jax import eval_mode, train
+from sage_jax.config_lib import TINY_BASE
+from test_learning import tiny_config
+
+
+def _small(c):
+    c.data.batch_size = 4
+    c.rollout.group_size = 4
+    c.rollout.max_new_tokens = 24
+    c.eval.at_start = c.eval.at_end = False
+    c.ckpt.export_hf = False
+    c.logging.progress = c.logging.tensorboard = False
+    return c
+
+
+def test_eval_hf_dir_and_run_dir(tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    c = _small(tiny_config())
+    c.max_steps, c.checkpoint_every = 2, 2
+    train.run(c, run_dir)
+    assert eval_mode.is_run_dir(run_dir)
+
+    e = _small(tiny_config())
+    e.mode = "eval"
+    e.eval.models = ml_collections.ConfigDict({"base": TINY_BASE, "run": run_dir})
+    e.eval.num_problems, e.eval.n, e.eval.max_new_tokens, e.eval.batch_size = 4, 4, 32, 16
+    out = str(tmp_path / "eval")
+    eval_mode.run(e, out)
+    for f in ("results.json", "results.md", "pass_at_k.png", "pass1_vs_passk.png"):
+        assert os.path.getsize(os.path.join(out, "eval", f)) > 0, f
+    res = json.load(open(os.path.join(out, "eval", "results.json")))
+    assert set(res["models"]) == {"base", "run"}
+    for m in ("base", "run"):
+        probs = res["models"][m]["benchmarks"]["procedural_arithmetic:test"]["problems"]
+        assert len(probs) == 4 and all(len(p["correct"]) == 4 for p in probs.values())
+    # Identical prompts and seeds for both models: same problem ids, same per-problem seeds.
+    pb = res["models"]["base"]["benchmarks"]["procedural_arithmetic:test"]["problems"]
+    pr = res["models"]["run"]["benchmarks"]["procedural_arithmetic:test"]["problems"]
+    assert {k: v["seed"] for k, v in pb.items()} == {k: v["seed"] for k, v in pr.items()}
+
+    # A rerun samples nothing: no model is even loaded.
+    def no_load(*a, **k):
+        raise AssertionError("a finished evaluation must not load a model")
+    monkeypatch.setattr(eval_mode, "load_policy", no_load)
+    before = open(os.path.join(out, "eval", "results.json")).read()
+    eval_mode.run(e, out)
+    assert json.loads(open(os.path.join(out, "eval", "results.json")).read())["models"] == json.loads(before)["models"]
