@@ -275,7 +275,8 @@ def run(c, workdir: str) -> dict[str, Any]:
     if not pre.requested and step >= c.max_steps:
         if problems and c.eval.at_end:
             summary["after"] = quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed)
-            writer.write(step, summary["after"])
+            if start < c.max_steps:  # a rerun of a finished run reports again but logs nothing new
+                writer.write(step, summary["after"])
         if c.ckpt.export_hf:
             params = state.params
             if jax.process_count() > 1:  # collective (every process): host copies of arrays spanning hosts
