@@ -39,6 +39,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.path = TINY_BASE  # HF directory (or hub id when online)
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # storage dtype of parameters
+    c.model.remat = "none"  # training-forward rematerialisation per block: none | full | dots
+    c.model.lora = ml_collections.ConfigDict()
+    c.model.lora.rank = 0  # LoRA rank r; 0 = off (full fine-tuning)
+    c.model.lora.alpha = 16.0  # scale = alpha / rank
+    c.model.lora.dropout = 0.0  # adapter-input dropout probability, training forward only
+    c.model.lora.targets = "q,k,v,o,gate,up,down"  # comma-separated projections
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "procedural_arithmetic"  # a sage_jax.data.builders name
@@ -75,6 +81,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.num_iterations = 1
     c.rl.num_minibatches = 1
+    c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
     c.rl.logp_chunk = 256  # tokens per chunk of the log-prob pass
     c.rl.reward = "exact_match"  # reward spec, e.g. "math_verify" or "math_verify:1.0,format:0.1"
 
@@ -135,6 +142,19 @@ def model_dtypes(c):
     return _dtype(c.model.dtype, "model.dtype"), _dtype(c.model.param_dtype, "model.param_dtype")
 
 
+def lora_config(c):
+    """The LoRAConfig of `model.lora`, or None when `model.lora.rank == 0` (full fine-tuning)."""
+    from sage_jax.models.lora import LoRAConfig
+    lc = c.model.get("lora")
+    if lc is None or not lc.rank:
+        return None
+    try:
+        return LoRAConfig(rank=lc.rank, alpha=lc.alpha, dropout=lc.dropout,
+                          targets=tuple(t.strip() for t in lc.targets.split(",") if t.strip()))
+    except ValueError as e:
+        raise ConfigValidationError(f"model.lora: {e}") from None
+
+
 def guide_config(c):
     name = c.sage.guide
     try:
@@ -182,7 +202,9 @@ def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
                         loss=loss_config(c), guide=c.sage.guide, guide_cfg=guide_config(c),
                         scale_rewards=c.rl.scale_rewards, num_iterations=c.rl.num_iterations,
                         num_minibatches=c.rl.num_minibatches,
-                        max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk)
+                        grad_accum_steps=c.rl.get("grad_accum_steps", 1),
+                        max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
+                        remat=c.model.get("remat", "none"))
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 
@@ -212,6 +234,7 @@ def validate(c, num_devices: int | None = None) -> None:
     if not os.path.isdir(path) and not hub_id:
         raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
+    lora_config(c)
     if c.data.batch_size < 1:
         raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")
     if c.mode == "rl":
@@ -236,3 +259,7 @@ def validate(c, num_devices: int | None = None) -> None:
                 + f" = {rows} rows is not divisible by the {batch_shards} batch shards of mesh.shape={shape}")
         if c.mode == "rl" and rows % c.rl.num_minibatches:
             raise ConfigValidationError(f"{rows} rows not divisible by rl.num_minibatches={c.rl.num_minibatches}")
+        accum = c.rl.get("grad_accum_steps", 1)
+        if c.mode == "rl" and (rows // c.rl.num_minibatches) % accum:
+            raise ConfigValidationError(f"{rows // c.rl.num_minibatches} rows per minibatch not divisible by "
+                                        f"rl.grad_accum_steps={accum}")

@@ -14,6 +14,12 @@ One jitted program per step (`make_rl_step`), compiled once and reused:
 `old` log-probs: with one update per rollout, old = stop_gradient(logp) (ratio 1, as in TRL); with
 several updates (num_iterations > 1 or M > 1) old = the sampler's stored log-probs. The guide
 schedule step, RNG and counters live in `TrainState`; nothing lives on the Python side.
+
+Gradient accumulation (`grad_accum_steps` = A): each of the M updates sums the gradients of A equal
+micro-batches (`micro_loss_share` rescales each micro-batch loss so the sum is exactly the minibatch
+loss, for every `loss_type`), then applies ONE optimizer update. LoRA (`models.lora.add_lora` before
+`init_train_state`): `params` = the adapters (the only optimizer state), `frozen_params` = the base;
+the reference is the base with zeroed adapters (no copy of the weights).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from sage_jax import guides, losses
 from sage_jax import sharding as shd
 from sage_jax.advantages import group_advantages
 from sage_jax.logprobs import sequence_logp_entropy, token_logp_entropy
+from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import positions_from_mask
 from sage_jax.reward_host import HostReward, host_rewards
 from sage_jax.sampling import SamplingConfig, generate
@@ -49,15 +56,21 @@ class RLConfig:
     scale_rewards: str = "group"  # group | batch | none
     num_iterations: int = 1  # updates per rollout over the same samples (PPO epochs)
     num_minibatches: int = 1  # M, rows split into M sequential updates per iteration
+    grad_accum_steps: int = 1  # micro-batches per update, gradients summed into ONE optimizer update
     max_steps: int = 1000  # optimizer steps of the run (guide schedules)
     logp_chunk: int = 256  # sequence chunk of the log-prob / entropy pass, tokens
+    remat: str | None = None  # training-forward remat per block: none | full | dots; None = the model's own
 
     def __post_init__(self):
         if self.group_size < 2:
             raise ValueError(f"rl.group_size must be >= 2 (group advantages need a group), got {self.group_size}")
         if self.num_iterations < 1 or self.num_minibatches < 1:
             raise ValueError("rl.num_iterations and rl.num_minibatches must be >= 1")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
+        if self.remat not in (None, "none", "full", "dots"):
+            raise ValueError(f"rl.remat={self.remat!r} is not one of none, full, dots")
         if self.loss.beta == 0 and self.guide != "none":
             raise ValueError(f"rl.guide={self.guide!r} with rl.beta=0: the guide reshapes the KL anchor, "
                              "which does not exist without a KL term; set guide='none' or beta > 0")
@@ -77,12 +90,34 @@ class TrainState:
     params: Any  # nnx.State of the policy
     opt_state: Any
     rng: Array  # base key; each step folds in `step`
-    ref_params: Any = None  # frozen reference; None when beta == 0 (no copy held)
+    ref_params: Any = None  # frozen reference; None when beta == 0 (no copy held) or with LoRA
+    frozen_params: Any = None  # LoRA: the base weights (not trained, no optimizer state); params = adapters
+
+
+def merge_policy(graphdef, params, frozen_params=None):
+    """The model from trainable params (+ the frozen base under LoRA).
+
+    `copy=True` for the base: its Variables come from an outer trace (the step's inputs) while the model
+    is built inside the update scan; reusing them makes an NNX transform inside (remat) fail to update them.
+    """
+    if frozen_params is None:
+        return nnx.merge(graphdef, params)
+    return nnx.merge(graphdef, params, frozen_params, copy=True)
+
+
+def policy_model(graphdef, state: TrainState):
+    return merge_policy(graphdef, state.params, state.frozen_params)
 
 
 def init_train_state(model: nnx.Module, cfg: RLConfig, tx: optax.GradientTransformation, seed: int) -> tuple[nnx.GraphDef, TrainState]:
     """The state takes over the model's arrays (no copy) and the step donates them: after training
     starts, read the policy from `nnx.merge(graphdef, state.params)`, not from `model`."""
+    if lora_lib.has_lora(model):
+        # Only the adapters train (and have optimizer state); the reference is the base with adapters zeroed.
+        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
+        return graphdef, _colocate_scalars(TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                                      opt_state=tx.init(params), rng=jax.random.key(seed),
+                                                      frozen_params=frozen))
     graphdef, params = nnx.split(model)
     ref = jax.tree.map(jnp.copy, params) if cfg.needs_ref else None
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -114,6 +149,16 @@ def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformat
     if callable(model) and not isinstance(model, nnx.Module):
         graphdef = nnx.graphdef(nnx.eval_shape(model))
         return graphdef, shd.born_sharded(lambda: init_train_state(model(), cfg, tx, seed)[1], mesh, rules)
+    rng = jax.jit(lambda: jax.random.key(seed), out_shardings=shd.replicated(mesh))()
+    step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=shd.replicated(mesh))()
+    if lora_lib.has_lora(model):
+        # the base stays where it was placed; the (small) adapters are placed by their axes, and only
+        # they get optimizer state
+        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
+        params = jax.device_put(params, shd.state_shardings(params, mesh, rules))
+        out = shd.state_shardings(jax.eval_shape(tx.init, params), mesh, rules)
+        opt_state = jax.jit(tx.init, out_shardings=out)(params)
+        return graphdef, TrainState(step=step, params=params, opt_state=opt_state, rng=rng, frozen_params=frozen)
     graphdef, params = nnx.split(model)
 
     def extra(p):
@@ -121,9 +166,8 @@ def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformat
 
     out = shd.state_shardings(jax.eval_shape(extra, params), mesh, rules)
     opt_state, ref = jax.jit(extra, out_shardings=out)(params)
-    # born under jit, not device_put from this host: a multi-process mesh is not fully addressable
-    rng = jax.jit(lambda: jax.random.key(seed), out_shardings=shd.replicated(mesh))()
-    step = jax.jit(lambda: jnp.zeros((), jnp.int32), out_shardings=shd.replicated(mesh))()
+    # rng / step: born under jit (above), not device_put from this host: a multi-process mesh is not
+    # fully addressable
     return graphdef, TrainState(step=step, params=params, opt_state=opt_state, rng=rng, ref_params=ref)
 
 
@@ -146,6 +190,35 @@ def _forward_kl(pol, ref, tokens, mask, P, chunk, temperature):
 
     _, kl = jax.lax.scan(body, None, (padf(h_pol), padf(h_ref)))
     return kl.swapaxes(0, 1).reshape(B, -1)[:, :T]
+
+
+def micro_loss_share(loss: Array, mask_BxT: Array, loss_type: str, num_micro: int, batch_tokens: Array) -> Array:
+    """A micro-batch's loss -> its share of the loss of the whole (equal-size) micro-batch set, so the
+    shares (and their gradients) sum exactly to the one-big-batch loss (gradient accumulation):
+
+      grpo:    mean over this micro-batch's rows      -> / num_micro
+      dr_grpo: sum / (B_micro * T_max)                 -> / num_micro
+      bnpo:    S_j / max(1, n_j)  (n_j its tokens)     -> S_j / max(1, N), N = the whole set's tokens
+      dapo:    S_j / N_gen (already the generation batch's count, `num_batch_tokens`) -> unchanged
+    """
+    if loss_type in ("grpo", "dr_grpo"):
+        return loss / num_micro
+    if loss_type == "bnpo":
+        n = jnp.maximum(mask_BxT.astype(jnp.float32).sum(), 1.0)
+        return loss * (n / jnp.maximum(jnp.asarray(batch_tokens, jnp.float32), 1.0))
+    return loss
+
+
+def accumulate_grads(loss_fn, params, num_micro: int):
+    """Sum of `jax.value_and_grad(loss_fn, has_aux=True)(params, j)` over micro-batches j (a scan, so one
+    micro-batch's activations are live at a time). Returns (summed loss, metrics stacked over j, grads)."""
+    def body(acc, j):
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params, j)
+        return jax.tree.map(jnp.add, acc, g), (loss, m)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (loss_j, ms) = jax.lax.scan(body, zeros, jnp.arange(num_micro))
+    return loss_j.sum(), ms, grads
 
 
 def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
@@ -180,8 +253,13 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     key = jax.random.fold_in(state.rng, state.step)
     k_sample, k_guide = jax.random.split(key)
 
+    frozen = state.frozen_params
+    merge = lambda p: merge_policy(graphdef, p, frozen)
+    # LoRA: the reference is the same base arrays with zeroed adapters (exactly the base model; no copy)
+    ref_params = state.ref_params if frozen is None else jax.tree.map(jnp.zeros_like, state.params)
+
     # ---- rollout and reward
-    policy = nnx.merge(graphdef, jax.lax.stop_gradient(state.params))
+    policy = merge(jax.lax.stop_gradient(state.params))
     out = generate(policy, prompt, pmask, k_sample, cfg.sampling)
     cmask = out.mask_BxT
     rewards, failed = host_rewards(reward_host, out.tokens_BxT, cmask, answers, mesh)
@@ -193,15 +271,23 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     # ---- frozen reference (not compiled at all when beta == 0)
     ref_logp = ref_ent = None
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
-        ref_model = nnx.merge(graphdef, state.ref_params)
+        ref_model = merge(ref_params)
         ref_logp, ref_ent = jax.lax.stop_gradient(
             sequence_logp_entropy(ref_model, tokens, fmask, P, cfg.logp_chunk, temp))
 
-    rows = B // M
+    A = cfg.grad_accum_steps
+    if (B // M) % A:
+        raise ValueError(f"rows per minibatch {B // M} not divisible by rl.grad_accum_steps={A}")
+    rows = B // M // A  # rows of one micro-batch (= one minibatch without accumulation)
+    # micro-batch index i over the whole batch: minibatch i // A, micro-batch i % A within it
     take = lambda x, i: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
 
     def loss_fn(params, i, step, gkey):
-        model = nnx.merge(graphdef, params)
+        model = merge(params)
+        if cfg.remat is not None:
+            model.remat = cfg.remat  # static attribute of this traced copy only
+        if frozen is not None and model.lora_cfg.dropout > 0:
+            lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
         tok, fm, cm = take(tokens, i), take(fmask, i), take(cmask, i)
         logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
         inputs = guides.GuideInputs(mask_BxT=cm, step=step, max_steps=cfg.max_steps, key=gkey,
@@ -210,7 +296,7 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
         fkl = None
         if cfg.needs_ref and cfg.loss.kl_mode == "forward":
-            fkl = _forward_kl(model, nnx.merge(graphdef, state.ref_params), tok, fm, P, cfg.logp_chunk, temp)
+            fkl = _forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp)
         old = take(out.logp_BxT, i) if cfg.multi_update else None
         loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), cm, cfg.loss,
                                      num_batch_tokens=num_tokens / M, forward_kl_BxT=fkl)
@@ -224,7 +310,21 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     def update(carry, u):
         params, opt_state, step = carry
         i = u % M
-        (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, jax.random.fold_in(k_guide, u))
+        gkey = jax.random.fold_in(k_guide, u)
+        if A == 1:
+            (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey)
+        else:
+            mb_tokens = jax.lax.dynamic_slice_in_dim(cmask, i * rows * A, rows * A, axis=0).sum()
+
+            def micro_fn(p, j):
+                loss, mj = loss_fn(p, i * A + j, step, jax.random.fold_in(gkey, j))
+                share = micro_loss_share(loss, take(cmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
+                return share, mj
+
+            loss, ms_j, grads = accumulate_grads(micro_fn, params, A)
+            red = {"logp_diff_max": jnp.max, "q_min": jnp.min, "q_max": jnp.max}
+            m = {k: red.get(k, jnp.mean)(v) for k, v in ms_j.items()}
+            m["loss"] = jax.lax.stop_gradient(loss)  # the exact minibatch loss (sum of shares)
         m["grad_norm"] = optax.tree.norm(grads)
         m["lr"] = lr_fn(step)
         upd, opt_state = tx.update(grads, opt_state, params)

@@ -25,6 +25,7 @@ from flax import nnx
 
 from sage_jax import sharding as shd
 from sage_jax.models.config import ModelConfig
+from sage_jax.models.lora import adapted
 
 Array = jax.Array
 _NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
@@ -97,16 +98,16 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
             self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps, param_dtype=param_dtype, axis_name="head_dim")
 
-    def _proj(self, x, w, b):
-        y = jnp.einsum("btd,dnh->btnh", x, w[...].astype(self.dtype))
+    def _proj(self, x, w, b, target):
+        y = adapted(self, target, x, jnp.einsum("btd,dnh->btnh", x, w[...].astype(self.dtype)), self.dtype)
         return y if b is None else y + b[...].astype(self.dtype)
 
     def __call__(self, x_BxTxD, cos, sin, kv_mask_BxS, cache=None, cache_index=None):
         cfg = self.cfg
         bias = cfg.qkv_bias
-        q = self._proj(x_BxTxD, self.wq, self.bq if bias else None)  # BxTxHxDh
-        k = self._proj(x_BxTxD, self.wk, self.bk if bias else None)  # BxTxKxDh
-        v = self._proj(x_BxTxD, self.wv, self.bv if bias else None)
+        q = self._proj(x_BxTxD, self.wq, self.bq if bias else None, "q")  # BxTxHxDh
+        k = self._proj(x_BxTxD, self.wk, self.bk if bias else None, "k")  # BxTxKxDh
+        v = self._proj(x_BxTxD, self.wv, self.bv if bias else None, "v")
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -134,7 +135,7 @@ class Attention(nnx.Module):
             probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
             out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
-        y = jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype))
+        y = adapted(self, "o", out, jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype)), self.dtype)
         return y, cache
 
 
@@ -163,8 +164,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x):
         c = lambda p: p[...].astype(self.dtype)
-        h = jax.nn.silu(x @ c(self.w_gate)) * (x @ c(self.w_up))
-        return h @ c(self.w_down)
+        lin = lambda x, w, t: adapted(self, t, x, x @ c(w), self.dtype)  # + LoRA when that target has one
+        h = jax.nn.silu(lin(x, self.w_gate, "gate")) * lin(x, self.w_up, "up")
+        return lin(h, self.w_down, "down")
 
 
 class Block(nnx.Module):
@@ -180,6 +182,23 @@ class Block(nnx.Module):
         return x + self.mlp(self.post_attn_norm(x)), cache
 
 
+# Rematerialisation of each block in the (cache-free) training forward: "full" saves only the block's
+# input and recomputes everything in the backward pass; "dots" keeps the matmul outputs (recomputes the
+# cheap elementwise ops). Decoding with a cache never remats (no backward pass).
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_saveable}
+
+
+def _call_block(layer, x, cos, sin, kv_mask, cache, cache_index):
+    return layer(x, cos, sin, kv_mask, cache, cache_index)
+
+
+def _block_call(remat: str):
+    if remat == "none":
+        return _call_block
+    return nnx.remat(_call_block, policy=REMAT_POLICIES[remat], prevent_cse=True)
+
+
 def positions_from_mask(mask_BxT: Array) -> Array:
     """Position ids that follow the attention mask (left padding gets the unpadded positions)."""
     return jnp.maximum(jnp.cumsum(mask_BxT.astype(jnp.int32), axis=-1) - 1, 0)
@@ -189,9 +208,12 @@ class Decoder(nnx.Module):
     """Causal LM. `model(tokens_BxT, attention_mask=None) -> logits_BxTxV (float32)`."""
 
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs | None = None):
+                 rngs: nnx.Rngs | None = None, remat: str = "none"):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
         self.cfg, self.dtype = cfg, dtype
+        self.remat = remat  # static: training forward rematerialisation per block (cache-free calls only)
         self.embed = nnx.Param(_init(rngs, (cfg.vocab_size, cfg.hidden_size), param_dtype), axes=("vocab", "embed"))
         self.layers = nnx.List([Block(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
                                 for _ in range(cfg.num_layers)])
@@ -218,8 +240,9 @@ class Decoder(nnx.Module):
         x = act(jnp.take(self.embed[...], tokens_BxT, axis=0).astype(self.dtype))
         cos, sin = rope_cos_sin(self.cfg, positions_BxT)
         new_cache = [] if cache is not None else None
+        call = _block_call(self.remat if cache is None else "none")
         for i, layer in enumerate(self.layers):
-            x, c = layer(x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
+            x, c = call(layer, x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
             x = act(x)
             if cache is not None:
                 new_cache.append(c)

@@ -23,6 +23,7 @@ from flax import nnx
 from sage_jax import sharding as shd
 from sage_jax.models import safetensors_io as st
 from sage_jax.models.config import ConfigError, ModelConfig
+from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import Decoder
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -208,9 +209,10 @@ def save(model: Decoder, config: ModelConfig, out_dir: str, tokenizer=None, dtyp
     """
     os.makedirs(out_dir, exist_ok=True)
     flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    merged = lora_lib.merged_weights(model) if lora_lib.has_lora(model) else {}  # W + s A @ B
     tensors = {}
     for e in name_table(config):
-        value = np.asarray(jax.device_get(flat[e.path].get_value()))
+        value = merged[e.path] if e.path in merged else np.asarray(jax.device_get(flat[e.path].get_value()))
         if dtype is not None:
             value = value.astype(dtype)
         hf = np.ascontiguousarray(e.to_hf(value))
@@ -230,6 +232,22 @@ def save(model: Decoder, config: ModelConfig, out_dir: str, tokenizer=None, dtyp
                 shutil.copy(src, out_dir)
     elif tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def save_peft_adapter(model: Decoder, out_dir: str, base_path: str) -> str:
+    """Writes only the LoRA adapters as a PEFT adapter (`adapter_config.json` + `adapter_model.safetensors`),
+    loadable with `peft.PeftModel.from_pretrained(base, out_dir)` onto the HF base at `base_path`."""
+    if not lora_lib.has_lora(model):
+        raise ValueError("save_peft_adapter: the model has no LoRA adapters")
+    os.makedirs(out_dir, exist_ok=True)
+    st.save_file(lora_lib.peft_tensors(model), os.path.join(out_dir, ADAPTER_FILE))
+    with open(os.path.join(out_dir, ADAPTER_CONFIG_FILE), "w") as f:
+        json.dump(lora_lib.peft_config(model.lora_cfg, base_path), f, indent=2)
     return out_dir
 
 
