@@ -3,6 +3,8 @@
 Layout under `DIR/checkpoints/<step>/`: `state` (params, optimizer state, step, RNG key data; the guide
 schedule is a function of the step) and `meta` (JSON: data-iterator state, config hash, metrics line
 count). The frozen reference is not saved: it is the model at `config.model.path` and is reloaded.
+Under LoRA `params` are the adapters only (the base is frozen and never saved); `meta` then names the
+base (`base_model`, `lora`), and the loop refuses to resume onto a different one.
 
 Restore walks the steps newest first; a checkpoint that fails to restore (corrupted, half-written by a
 killed process that bypassed Orbax's atomic rename) is skipped with a warning and the previous one is
@@ -47,11 +49,22 @@ class Checkpointer:
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
-    def restore_latest(self, template_state) -> tuple[Any, dict] | None:
-        """(state, meta) of the newest restorable checkpoint, into the shardings of `template_state`."""
+    def restore_latest(self, template_state, check_meta=None) -> tuple[Any, dict] | None:
+        """(state, meta) of the newest restorable checkpoint, into the shardings of `template_state`.
+
+        `check_meta(meta)` runs on the newest readable meta before any state is read; what it raises
+        propagates (a checkpoint of another model is an error, not a corrupt file to skip)."""
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                               _to_saveable(template_state))
         for step in reversed(self.all_steps()):
+            try:
+                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            except Exception as e:
+                log.warning("checkpoint metadata at step %d in %s could not be read (%s); trying the previous one",
+                            step, self.directory, type(e).__name__)
+                continue
+            if check_meta is not None:
+                check_meta(dict(meta))
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))

@@ -1,7 +1,8 @@
 """`mode = eval`: pass@k of one or several policies on the configured benchmarks, into DIR/eval/.
 
 `config.eval.models` maps a name to an HF directory (or hub id) or to a run directory of this project
-(its latest Orbax checkpoint is restored onto the run's base model). Every model is sampled with the
+(its latest Orbax checkpoint is restored onto the run's base model; under LoRA the checkpoint holds
+the adapters and they are attached to that base). Every model is sampled with the
 same prompts, sampling settings and seeds; results are resumable (see `sage_jax.evaluate`).
 """
 
@@ -37,18 +38,28 @@ def load_policy(path: str, dtype=None, mesh=None):
 
     with open(os.path.join(path, RUN_CONFIG)) as f:
         rc = ml_collections.ConfigDict(json.load(f))
+    from sage_jax.models import lora as lora_lib
+    from sage_jax.rl_step import policy_model
+    from sage_jax.train import base_pointer, check_base_pointer
+
     model, _ = hf.load(rc.model.path, dtype=config_lib.model_dtypes(rc)[0], mesh=mesh,
                        param_dtype=config_lib.model_dtypes(rc)[1])
-    graphdef, params = nnx.split(model)
+    lora_cfg = config_lib.lora_config(rc)
+    if lora_cfg is not None:  # the checkpoint holds the adapters; the base is the run's model.path
+        lora_lib.add_lora(model, lora_cfg, param_dtype=config_lib.model_dtypes(rc)[1])
+        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
+    else:
+        (graphdef, params), frozen = nnx.split(model), None
     tx, _ = optim.make_optimizer(config_lib.optim_config(rc))
     template = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                          rng=jax.random.key(0))
+                          rng=jax.random.key(0), frozen_params=frozen)
     ck = Checkpointer(os.path.join(path, "checkpoints"), async_save=False)
-    restored = ck.restore_latest(template)
+    ckdir = ck.directory
+    restored = ck.restore_latest(template, check_meta=lambda m: check_base_pointer(m, base_pointer(rc), ckdir))
     ck.close()
     if restored is None:
         raise config_lib.ConfigValidationError(f"eval.models: {path} has no restorable checkpoint")
-    return nnx.merge(graphdef, restored[0].params), rc.model.path
+    return policy_model(graphdef, restored[0]), rc.model.path
 
 
 def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem]]:

@@ -106,7 +106,16 @@ def merge_policy(graphdef, params, frozen_params=None):
 
 
 def policy_model(graphdef, state: TrainState):
+    """The policy of a train state (under LoRA: the base with the trained adapters attached)."""
     return merge_policy(graphdef, state.params, state.frozen_params)
+
+
+def policy_state(state: TrainState):
+    """Every variable of the policy as one nnx.State (what `nnx.split(policy_model(...))` would give):
+    the params, plus the frozen base under LoRA. Arrays are shared, not copied."""
+    if state.frozen_params is None:
+        return state.params
+    return nnx.merge_state(state.params, state.frozen_params)
 
 
 def init_train_state(model: nnx.Module, cfg: RLConfig, tx: optax.GradientTransformation, seed: int) -> tuple[nnx.GraphDef, TrainState]:

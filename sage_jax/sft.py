@@ -4,7 +4,8 @@ Dimension key: B batch, S sequence (prompt + completion, right padded).
 
 Loss = sum over target tokens of -log p(token) / number of target tokens (a token mean over the
 batch), where target tokens are the completion and its closing EOS. Used for a pre-RL SFT stage and to
-train the embedded tiny base model from scratch.
+train the embedded tiny base model from scratch. Under LoRA only the adapters train (`state.params`),
+the base rides along frozen in `state.frozen_params`, as in the RL step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flax import nnx
 
 from sage_jax.logprobs import token_logp_entropy
 from sage_jax.models.decoder import positions_from_mask
+from sage_jax.rl_step import merge_policy
 
 
 def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str], eos_id: int, length: int,
@@ -42,8 +44,9 @@ def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str], eo
     return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
 
 
-def sft_loss(params, graphdef, batch, chunk: int = 256):
-    model = nnx.merge(graphdef, params)
+def sft_loss(params, graphdef, batch, chunk: int = 256, frozen_params=None):
+    """`params`: what trains (under LoRA the adapters, with the base in `frozen_params`)."""
+    model = merge_policy(graphdef, params, frozen_params)
     tokens, mask = batch["tokens"], batch["mask"]
     hidden, _ = model.forward(tokens, positions_from_mask(mask), mask)
     # hidden[:, s] predicts tokens[:, s + 1]
@@ -57,7 +60,8 @@ def sft_loss(params, graphdef, batch, chunk: int = 256):
 
 
 def sft_step(state, batch, *, graphdef, tx, lr_fn, chunk=256):
-    (_, metrics), grads = jax.value_and_grad(sft_loss, has_aux=True)(state.params, graphdef, batch, chunk)
+    (_, metrics), grads = jax.value_and_grad(sft_loss, has_aux=True)(state.params, graphdef, batch, chunk,
+                                                                    state.frozen_params)
     metrics["train/grad_norm"] = optax.tree.norm(grads)
     metrics["train/lr"] = lr_fn(state.step)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

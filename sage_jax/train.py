@@ -24,8 +24,10 @@ from sage_jax import config_lib, optim, sharding
 from sage_jax.checkpoint import Checkpointer
 from sage_jax.metric_writer import MetricWriter
 from sage_jax.models import hf
+from sage_jax.models import lora as lora_lib
 from sage_jax.reward_host import HostReward, encode_answers
-from sage_jax.rl_step import RLConfig, TrainState, init_train_state_sharded, make_rl_step
+from sage_jax.rl_step import (RLConfig, TrainState, init_train_state_sharded, make_rl_step, policy_model,
+                              policy_state)
 from sage_jax.sampling import SamplingConfig, TextSampler, left_pad
 
 log = logging.getLogger(__name__)
@@ -113,10 +115,12 @@ def _global(mesh, x: np.ndarray):
 
 
 # ------------------------------------------------------------------------------------------ eval
-def quick_eval(s: Setup, sampler: TextSampler, params, problems: list[dict], n: int, seed: int) -> dict[str, float]:
-    """pass@k (unbiased) for k = 1, 2, 4, ..., n on `problems` with the current params."""
+def quick_eval(s: Setup, sampler: TextSampler, state: TrainState, problems: list[dict], n: int,
+               seed: int) -> dict[str, float]:
+    """pass@k (unbiased) for k = 1, 2, 4, ..., n on `problems` with the policy of `state` (read afresh
+    each call: the step donates the state it is given)."""
     from sage_jax.evaluate import pass_at_k
-    sampler.state = params
+    sampler.state = policy_state(state)
     outs = sampler.generate([p["prompt"] for p in problems], n=n, seed=seed)
     comps = [c.text for group in outs for c in group]
     answers = [p["answer"] for p in problems for _ in range(n)]
@@ -142,10 +146,10 @@ def eval_problems(c, s: Setup) -> list[dict]:
     return recs
 
 
-def make_eval_sampler(c, s: Setup, graphdef, params) -> TextSampler:
+def make_eval_sampler(c, s: Setup, graphdef, state: TrainState) -> TextSampler:
     cfg = SamplingConfig(max_new_tokens=c.eval.max_new_tokens, temperature=c.eval.temperature, top_p=c.eval.top_p,
                          eos_ids=s.eos_ids, pad_id=s.pad_id)
-    return TextSampler(nnx.merge(graphdef, params), s.tokenizer, cfg, batch_size=c.eval.batch_size, mesh=s.mesh)
+    return TextSampler(policy_model(graphdef, state), s.tokenizer, cfg, batch_size=c.eval.batch_size, mesh=s.mesh)
 
 
 # ------------------------------------------------------------------------------------------ loop
@@ -186,6 +190,9 @@ def run(c, workdir: str) -> dict[str, Any]:
             f.write(c.to_json_best_effort(indent=2))
     dtype, pdtype = config_lib.model_dtypes(c)
     model, _ = hf.load(c.model.path, dtype=dtype, mesh=s.mesh, param_dtype=pdtype)
+    lora_cfg = config_lib.lora_config(c)
+    if lora_cfg is not None:  # adapters (B = 0) on the loaded base; only they train and are checkpointed
+        lora_lib.add_lora(model, lora_cfg, seed=c.seed, param_dtype=pdtype)
 
     if c.mode == "rl":
         rl_cfg = config_lib.rl_config(c, s.eos_ids, s.pad_id)
@@ -201,9 +208,12 @@ def run(c, workdir: str) -> dict[str, Any]:
         step_fn = make_rl_step(graphdef, rl_cfg, tx, lr_fn, HostReward(s.tokenizer, s.reward_fn), s.mesh)
     else:
         from sage_jax.sft import make_sft_step
-        graphdef, params = nnx.split(model)
+        if lora_cfg is not None:
+            graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
+        else:
+            (graphdef, params), frozen = nnx.split(model), None
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                           rng=jax.random.key(c.seed))
+                           rng=jax.random.key(c.seed), frozen_params=frozen)
         step_fn = make_sft_step(graphdef, tx, lr_fn, c.rl.logp_chunk)
     del model
 
@@ -211,7 +221,8 @@ def run(c, workdir: str) -> dict[str, Any]:
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.ckpt.keep, async_save=c.ckpt.async_save)
     writer = MetricWriter(workdir, enabled=is_main, tensorboard=c.logging.tensorboard,
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
-    restored = ckpt.restore_latest(state)
+    base = base_pointer(c)
+    restored = ckpt.restore_latest(state, check_meta=lambda m: check_base_pointer(m, base, ckpt.directory))
     start = 0
     if restored is not None:
         state, meta = restored
@@ -221,10 +232,10 @@ def run(c, workdir: str) -> dict[str, Any]:
         log.info("resumed from %s at step %d", ckpt.directory, start)
 
     problems = eval_problems(c, s) if (c.eval.at_start or c.eval.at_end or c.eval_every) else []
-    sampler = make_eval_sampler(c, s, graphdef, state.params) if problems else None
+    sampler = make_eval_sampler(c, s, graphdef, state) if problems else None
     summary: dict[str, Any] = {"start_step": start}
     if problems and c.eval.at_start and start == 0:
-        summary["before"] = quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed)
+        summary["before"] = quick_eval(s, sampler, state, problems, c.eval.n, c.seed)
         writer.write(0, summary["before"])
     elif start > 0 and is_main and os.path.exists(writer.path):  # report the first run's numbers again
         from sage_jax.metric_writer import read_metrics
@@ -260,12 +271,12 @@ def run(c, workdir: str) -> dict[str, Any]:
             t_last = now
             pending = (step, metrics)
             if c.eval_every and step % c.eval_every == 0 and problems and step < c.max_steps:
-                writer.write(step, quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed + step))
+                writer.write(step, quick_eval(s, sampler, state, problems, c.eval.n, c.seed + step))
             if (c.checkpoint_every and step % c.checkpoint_every == 0) or pre.requested:
-                ckpt.save(state, {"data": it.get_state(), "step": step})
+                ckpt.save(state, {"data": it.get_state(), "step": step, **base})
         if pending is not None:
             _log(writer, progress, *pending, c)
-        ckpt.save(state, {"data": it.get_state(), "step": step})
+        ckpt.save(state, {"data": it.get_state(), "step": step, **base})
         ckpt.wait()
     finally:
         pre.restore()
@@ -274,21 +285,52 @@ def run(c, workdir: str) -> dict[str, Any]:
     summary["preempted"] = pre.requested
     if not pre.requested and step >= c.max_steps:
         if problems and c.eval.at_end:
-            summary["after"] = quick_eval(s, sampler, state.params, problems, c.eval.n, c.seed)
+            summary["after"] = quick_eval(s, sampler, state, problems, c.eval.n, c.seed)
             if start < c.max_steps:  # a rerun of a finished run reports again but logs nothing new
                 writer.write(step, summary["after"])
         if c.ckpt.export_hf:
-            params = state.params
-            if jax.process_count() > 1:  # collective (every process): host copies of arrays spanning hosts
-                from jax.experimental import multihost_utils
-                params = jax.tree.map(jnp.asarray, multihost_utils.process_allgather(params, tiled=True))
-            out = os.path.join(workdir, "export_hf")
-            if is_main:
-                hf.save(nnx.merge(graphdef, params), s.model_cfg, out, tokenizer=s.tokenizer)
-            summary["export"] = out
+            summary.update(export(c, s, graphdef, state, workdir, is_main))
     ckpt.close()
     writer.close()
     return summary
+
+
+def base_pointer(c) -> dict:
+    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
+    (and their optimizer state), so it names the base they were trained on."""
+    lora_cfg = config_lib.lora_config(c)
+    if lora_cfg is None:
+        return {}
+    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
+
+
+def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
+    saved = {k: meta.get(k) for k in ("base_model", "lora")}
+    saved["lora"] = saved["lora"] and {**saved["lora"], "targets": tuple(saved["lora"]["targets"])}
+    want = {k: base.get(k) for k in ("base_model", "lora")}
+    if saved != want:
+        raise config_lib.ConfigValidationError(
+            f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
+            f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
+            f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")
+
+
+def export(c, s: Setup, graphdef, state: TrainState, workdir: str, is_main: bool) -> dict[str, str]:
+    """The final policy in HF format (`export_hf`, adapters merged into the weights) and, under LoRA, the
+    adapters alone as a PEFT adapter (`export_peft`, onto the base at `model.path`)."""
+    full = policy_state(state)
+    if jax.process_count() > 1:  # collective (every process): host copies of arrays spanning hosts
+        from jax.experimental import multihost_utils
+        full = jax.tree.map(jnp.asarray, multihost_utils.process_allgather(full, tiled=True))
+    model = nnx.merge(graphdef, full)
+    out = {"export": os.path.join(workdir, "export_hf")}
+    if lora_lib.has_lora(model):
+        out["export_peft"] = os.path.join(workdir, "export_peft")
+    if is_main:
+        hf.save(model, s.model_cfg, out["export"], tokenizer=s.tokenizer)
+        if "export_peft" in out:
+            hf.save_peft_adapter(model, out["export_peft"], base_path=c.model.path)
+    return out
 
 
 def _progress(c, start, is_main):

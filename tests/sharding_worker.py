@@ -27,6 +27,7 @@ from sage_jax.reward_host import HostReward  # noqa: E402
 from sage_jax.sampling import generate  # noqa: E402
 
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
+LORA_MESHES = [(2, 2, 2), (1, 2, 4)]  # LoRA: adapters placed by their axes, the base where hf.load puts it
 LR = 1e-3
 
 
@@ -75,13 +76,22 @@ def rollout_tokens(graphdef, state, cfg, batch, mesh):
         with shd.activation_sharding(mesh):
             out = generate(nnx.merge(graphdef, params), rep(prompt), rep(pmask), key, cfg.sampling)
         return out.tokens_BxT, out.mask_BxT
-    return jax.jit(fn)(state.params, state.rng, state.step, batch["prompt"], batch["prompt_mask"])
+    return jax.jit(fn)(R.policy_state(state), state.rng, state.step, batch["prompt"], batch["prompt_mask"])
 
 
-def run(mesh_shape, out_dir, report):
+def make_lora_model():
+    from sage_jax.models import lora
+    model = lora.add_lora(make_model(), lora.LoRAConfig(rank=4, alpha=8.0), seed=1)
+    for _, _, _, ad in lora.iter_adapters(model):  # non-zero B: the adapters shape the rollout and the loss
+        ad.b[...] = 0.05 * jax.random.normal(jax.random.key(7), ad.b.shape)
+    return model
+
+
+def run(mesh_shape, out_dir, report, use_lora=False):
     cfg, tx, lr_fn = parts()
-    graphdef, state = R.init_train_state(make_model(), cfg, tx, 0)  # eager init, as the 1-device path
-    name = "ref" if mesh_shape is None else "x".join(map(str, mesh_shape))
+    model = make_lora_model() if use_lora else make_model()
+    graphdef, state = R.init_train_state(model, cfg, tx, 0)  # eager init, as the 1-device path
+    name = ("lora_" if use_lora else "") + ("ref" if mesh_shape is None else "x".join(map(str, mesh_shape)))
     mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
     if mesh is not None:
         state = shd.shard_state(state, mesh)
@@ -121,6 +131,9 @@ def main(out_dir):
     run(None, out_dir, report)
     for ms in MESHES:
         run(ms, out_dir, report)
+    run(None, out_dir, report, use_lora=True)
+    for ms in LORA_MESHES:
+        run(ms, out_dir, report, use_lora=True)
     born(report)
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(report, f)

@@ -33,6 +33,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MESHES = ["8x1x1", "1x8x1", "2x2x2", "1x2x4"]
+LORA_MESHES = ["2x2x2", "1x2x4"]
 LR, EPS, B1, U = 1e-3, 1e-8, 0.9, 6e-8
 NOISE_METRICS = ("train/logp_diff_mean", "train/logp_diff_max")
 
@@ -47,19 +48,23 @@ def runs(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(out / "report.json") as f:
         report = json.load(f)
-    arrays = {name: dict(np.load(out / f"{name}.npz")) for name in ["ref"] + MESHES}
+    names = ["ref"] + MESHES + ["lora_ref"] + ["lora_" + m for m in LORA_MESHES]
+    arrays = {name: dict(np.load(out / f"{name}.npz")) for name in names}
     return report, arrays
 
 
-@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mesh", MESHES + ["lora_" + m for m in LORA_MESHES])
 def test_step_equals_single_device(runs, mesh):
+    """One RL step on each mesh equals the unsharded step (full fine-tuning, and LoRA: the adapters are
+    the only params and the only optimizer state; the base rides along frozen)."""
     report, arrays = runs
-    ref, got = arrays["ref"], arrays[mesh]
+    ref_name = "lora_ref" if mesh.startswith("lora_") else "ref"
+    ref, got = arrays[ref_name], arrays[mesh]
     # Sampling: identical tokens and masks.
     np.testing.assert_array_equal(got["tokens"], ref["tokens"])
     np.testing.assert_array_equal(got["tokens_mask"], ref["tokens_mask"])
     # Metrics.
-    mr, mg = report["ref"]["metrics"], report[mesh]["metrics"]
+    mr, mg = report[ref_name]["metrics"], report[mesh]["metrics"]
     assert mr.keys() == mg.keys()
     for k in mr:
         if k in NOISE_METRICS:
@@ -89,7 +94,7 @@ def _expected_spec(shape, axes, mesh_shape):
         return []
     out, used = [], set()
     for dim, a in zip(shape, axes):
-        rule = LOGICAL_RULES[a]
+        rule = None if a is None else LOGICAL_RULES[a]  # None: an unnamed dim (e.g. the LoRA rank)
         names = [rule] if isinstance(rule, str) else list(rule or [])
         names = [n for n in names if n not in used and sizes[n] > 1]
         if names and dim % int(np.prod([sizes[n] for n in names])) == 0:
