@@ -1,0 +1,95 @@
+"""What the miniature study runs: the methods (exact config overrides of configs/tiny.py), the budgets
+of the full and quick modes, and the paper's published numbers.
+
+Every trained method starts from `configs/tiny.py:get_config()` (the shipped tiny base, procedural
+arithmetic, 8 prompts x 8 rollouts x <= 48 tokens per step, lr 1e-4, a 256-problem training pool) and
+shares `COMMON`; only the fields in its `overrides` differ. Seed s of every method sees the same
+prompts in the same order (the data order and the RL key derive from `seed`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+BETA = 0.05  # the paper's KL coefficient (k3 against the shaped anchor)
+# "dapo" as this repo defines it (configs/qwen_math.py:dapo): DAPO's token-level aggregation
+# (loss_type="dapo"), with the clip range of the other methods (eps_low = eps_high = 0.2). DAPO's paper
+# also uses clip-higher (eps_high 0.28), dynamic sampling and an overlong penalty; none is applied here.
+DAPO_EPS_HIGH = 0.2
+THRESHOLD = "calibrated"  # placeholder replaced by calibration.json's threshold (see run.py)
+
+# Published averages (AIME, AMC23, MATH-500; Qwen2.5-Math-7B base) as quoted in /work/shared/DESIGN.md
+# section 1 from SAGE (arXiv 2605.18864); (pass@1, pass@256). None: not in that excerpt.
+PAPER_SOURCE = "SAGE (arXiv 2605.18864), Qwen2.5-Math-7B, avg of AIME / AMC23 / MATH-500, as quoted in DESIGN.md §1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    key: str
+    label: str
+    overrides: dict  # dotted config fields set on top of COMMON; None for the untrained base
+    paper: tuple[float, float] | None = None  # (pass@1, pass@256) published
+
+    @property
+    def trained(self) -> bool:
+        return self.overrides is not None
+
+
+def _m(key, label, paper=None, **fields):
+    return Method(key, label, {k.replace("__", "."): v for k, v in fields.items()}, paper)
+
+
+_KL = dict(rl__beta=BETA, rl__kl_mode="reverse")
+_BRANCH = dict(sage__guide="branch", sage__branch__threshold=THRESHOLD)
+
+METHODS: list[Method] = [
+    Method("base", "base model (no training)", None, (0.227, 0.708)),
+    _m("grpo", "GRPO + KL (guide none)", (0.266, 0.714), rl__loss_type="grpo", sage__guide="none", **_KL),
+    _m("bnpo", "BNPO, no KL", (0.243, 0.699), rl__loss_type="bnpo", sage__guide="none", rl__beta=0.0),
+    _m("dapo", "DAPO, no KL", (0.264, 0.696), rl__loss_type="dapo", rl__eps_high=DAPO_EPS_HIGH,
+       sage__guide="none", rl__beta=0.0),
+    _m("forward_kl", "GRPO + forward KL to the reference", None, rl__loss_type="grpo", sage__guide="none",
+       rl__beta=BETA, rl__kl_mode="forward"),
+    _m("sage_branch", "GRPO + SAGE branch guide", (0.284, 0.729), rl__loss_type="grpo", **_KL, **_BRANCH),
+    _m("sage_token", "GRPO + SAGE token guide", None, rl__loss_type="grpo", sage__guide="token", **_KL),
+    _m("sage_random", "GRPO + SAGE random guide", None, rl__loss_type="grpo", sage__guide="random", **_KL),
+    _m("bnpo_branch", "BNPO + KL + branch guide", (0.271, 0.715), rl__loss_type="bnpo", **_KL, **_BRANCH),
+    _m("dapo_branch", "DAPO + KL + branch guide", (0.267, 0.712), rl__loss_type="dapo",
+       rl__eps_high=DAPO_EPS_HIGH, **_KL, **_BRANCH),
+]
+BY_KEY = {m.key: m for m in METHODS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Sizes of one mode of the study (identical for every method)."""
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int  # RL steps per run
+    checkpoint_every: int
+    log_every: int
+    eval_problems: int  # first N problems of the held-out test split
+    eval_n: int  # samples per problem
+    eval_batch: int  # sampler rows per call (problems_per_batch = eval_batch // eval_n)
+    val_problems: int  # calibration: train[256 : 256 + val_problems]
+    val_n: int  # calibration samples per problem
+
+
+# Full mode: sizes picked from measured times on the 2-core CPU (see README "Budget").
+FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=90, checkpoint_every=45,
+              log_every=5, eval_problems=64, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
+# Quick mode: the whole pipeline in about a minute or two (tests/test_sage_miniature.py).
+QUICK = Budget(methods=("base", "grpo", "sage_branch"), seeds=(0,), steps=4, checkpoint_every=2,
+               log_every=1, eval_problems=8, eval_n=8, eval_batch=64, val_problems=8, val_n=4)
+
+# Calibration rule, fixed before any pass@k is seen (README "Calibration"): the branch guide should shape
+# the high-entropy "forking" minority of tokens, the top 20% by entropy (Wang et al. 2025); for the tiny
+# model that is the 80th percentile of the base's per-token entropy on validation problems from the
+# training split outside the RL pool, sampled with the rollout settings. Ratio 0.3 and q in [0.6, 1.4]
+# stay at the reference values; the token and random guides keep their reference defaults.
+CALIBRATION_QUANTILE = 0.8
+CALIBRATION_RULE = ("branch threshold = 80th percentile of the tiny base's per-token entropy (nats) on its "
+                    "completions of validation problems train[256:256+V] (outside the 256-problem RL pool, "
+                    "disjoint from the test split), temperature 1.0, <= 48 tokens: the top-20% high-entropy "
+                    "'forking' tokens of Wang et al. 2025 are shaped; ratio 0.3, q in [0.6, 1.4] unchanged")
+POOL = 256  # c.data.max_train_problems of configs/tiny.py: the RL pool is train[0:256]
