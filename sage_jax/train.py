@@ -185,9 +185,6 @@ def run(c, workdir: str) -> dict[str, Any]:
     os.makedirs(workdir, exist_ok=True)
     s = build_setup(c, workdir)
     is_main = jax.process_index() == 0
-    if is_main:  # what `mode=eval` needs to rebuild this run's model from its checkpoints
-        with open(os.path.join(workdir, "run_config.json"), "w") as f:
-            f.write(c.to_json_best_effort(indent=2))
     dtype, pdtype = config_lib.model_dtypes(c)
     model, _ = hf.load(c.model.path, dtype=dtype, mesh=s.mesh, param_dtype=pdtype)
     lora_cfg = config_lib.lora_config(c)
@@ -223,6 +220,11 @@ def run(c, workdir: str) -> dict[str, Any]:
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
     base = base_pointer(c)
     restored = ckpt.restore_latest(state, check_meta=lambda m: check_base_pointer(m, base, ckpt.directory))
+    # What `mode=eval` needs to rebuild this run's model from its checkpoints; written only once the
+    # checkpoints are known to belong to this config (a refused resume leaves the run dir as it was).
+    if is_main:
+        with open(os.path.join(workdir, "run_config.json"), "w") as f:
+            f.write(c.to_json_best_effort(indent=2))
     start = 0
     if restored is not None:
         state, meta = restored
