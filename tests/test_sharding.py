@@ -210,3 +210,23 @@ def test_logical_to_spec_uses_each_mesh_axis_once():
     assert shd.logical_to_spec(("batch", "embed")) == P(("data", "fsdp"), None)
     with pytest.raises(KeyError, match="no entry"):
         shd.logical_to_spec(("nope",))
+
+
+@pytest.mark.parametrize("mesh", LORA_MESHES)
+def test_lora_leaves_follow_the_rules_and_keep_their_layout(runs, mesh):
+    """Under LoRA the adapters (A: [in, r], B: [r, out]) are placed by their axes, the rank dim replicated;
+    the frozen base keeps hf.load's placement; the step returns the layout it was given and compiles once."""
+    report, _ = runs
+    rec = report["lora_" + mesh]
+    before = rec["before"]
+    _check_tree(before, tuple(int(x) for x in mesh.split("x")))
+    adapters = [p for p in before if p.startswith(".params")]
+    assert len(adapters) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B), and nothing else trains
+    assert all("['lora_" in p and p.endswith(("['a']", "['b']")) for p in adapters), adapters[:4]
+    for p in adapters:
+        rest = p[len(".params"):]
+        for other in (".opt_state[1][0].mu", ".opt_state[1][0].nu"):
+            assert before[other + rest]["spec"] == before[p]["spec"], (mesh, p, other)
+    assert not any(p.startswith(".ref_params") for p in before)  # the reference is the frozen base: no copy
+    assert rec["after"] == before and rec["after2"] == before
+    assert rec["cache_size"] == 1
