@@ -30,9 +30,9 @@ float32 softmax floor instead, marked `*` (`attention_floor`).
 
 Caveats: XLA:CPU computes bf16 matmuls in float32 and fuses less, so the CPU numbers overstate the
 TPU / GPU temporaries by ~2-3x (see the TPU cross-check); read them as an upper bound. XLA:GPU (H100)
-cannot be targeted without a GPU. There is no activation rematerialisation option in the decoder yet
-(only the log-prob chunks are checkpointed), so `remat` is fixed to "none"; the lever for activations
-is `rl.num_minibatches` (M). The reference pass is not split into minibatches, so at long T its
+cannot be targeted without a GPU. The points are compiled with `remat="none"` (the table predates the
+decoder's `model.remat` policies; only the log-prob chunks are checkpointed), so the lever for
+activations here is `rl.num_minibatches` (M); "full" remat would lower the saved activations further. The reference pass is not split into minibatches, so at long T its
 attention scores (rows x heads x S^2, float32, one layer at a time) set a floor that M does not lower.
 """
 
@@ -216,6 +216,40 @@ def table(rows: list[dict]) -> str:
     return head + body
 
 
+LORA_RANK = 8  # the reference SAGE implementation's default, on all seven projections
+
+
+def lora_state_section(rows: list[dict]) -> str:
+    """Held state per device, full fine-tuning vs LoRA, from `sage_jax.gpu_estimates`' parameter counts
+    (which tests/test_lora.py checks against the bytes of a real train state). The full-FT column is
+    set beside the compiled 'state' of the table above: their agreement checks the counts at 7B scale."""
+    sys.path.insert(0, ROOT)
+    from sage_jax import gpu_estimates as ge
+
+    head = (f"| model | devices | mesh | full FT state GiB/dev (compiled) | full FT (counted) | "
+            f"LoRA r={LORA_RANK} state GiB/dev (counted) | LoRA trainable params |\n|" + "---|" * 7 + "\n")
+    body, seen = "", set()
+    for r in rows:
+        key = (r["model"], r["devices"], tuple(r["mesh"]))
+        if key in seen:
+            continue
+        seen.add(key)
+        m = MODELS[r["model"]]
+        shape = ge.Shape(m["hidden_size"], m["intermediate_size"], m["num_layers"], m["num_heads"],
+                         m["num_kv_heads"], 128, m["vocab_size"], m["tie_word_embeddings"])
+        n, n_lora = ge.param_count(shape), ge.lora_param_count(shape, LORA_RANK)
+        shards = r["mesh"][1] * r["mesh"][2]  # params shard over fsdp x tensor and replicate over data
+        full = 2 * n * 4 / shards  # bf16: params, reference, Adam m and v
+        lora = 2 * (n + 3 * n_lora) / shards  # bf16: frozen base (= the reference), adapters, m and v
+        body += (f"| {key[0]} | {key[1]} | {key[2]} | {r['state'] / GIB:.2f} | {full / GIB:.2f} | {lora / GIB:.2f} | "
+                 f"{n_lora / 1e6:.1f} M ({n_lora / n:.2%}) |\n")
+    return ("\nHeld state (params, reference, optimizer moments) per device, full fine-tuning vs LoRA "
+            f"(rank {LORA_RANK} on q, k, v, o, gate, up, down; the reference is the base with the adapters "
+            "off, so no copy). Counted = `sage_jax.gpu_estimates` parameter counts x bf16 bytes / (fsdp x "
+            "tensor); LoRA's temporaries (activations, KV cache) are those of the table above minus the "
+            "full-size gradient.\n\n" + head + body)
+
+
 def render(recs: list[dict], points: list, layers: list[int], backend: str, check: dict | None = None) -> tuple[str, list]:
     rows = []
     for p in points:
@@ -249,7 +283,7 @@ def render(recs: list[dict], points: list, layers: list[int], backend: str, chec
             f"the state). Fits = peak <= {HEADROOM:.0%} of the device memory. * = the extrapolation fell below "
             f"the policy backward's float32 softmax floor (28 layers x rows per device per update x local heads x "
             f"S^2 x 4 bytes), which is reported instead.\n\n" + table(rows) + "\n"
-            + "\n".join(notes) + "\n")
+            + "\n".join(notes) + "\n" + lora_state_section(rows))
     return text, rows
 
 

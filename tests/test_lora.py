@@ -190,3 +190,28 @@ def test_dropout_only_with_a_training_key(remat):
     assert np.abs(np.asarray(f(params, k2)) - d1).max() > 1e-4
     g = jax.jit(jax.grad(lambda p: run(p, k1).sum()))(params)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(g))
+
+
+@pytest.mark.parametrize("targets", [("q", "k", "v", "o", "gate", "up", "down"), ("q", "v")])
+def test_state_bytes_match_the_estimates_of_the_memory_plan(targets):
+    """The analytic counts `sage_jax.gpu_estimates` (and so experiments/memory_plan.py's LoRA table) uses
+    equal the bytes a real train state holds: full FT = params + reference + Adam m, v; LoRA = adapters +
+    Adam m, v, with the base frozen and no reference copy."""
+    from sage_jax import gpu_estimates as ge
+
+    cfg = R.RLConfig(group_size=4, sampling=F.SamplingConfig(max_new_tokens=8, eos_ids=(2,), pad_id=0),
+                     loss=losses.LossConfig(beta=0.04))
+    tx, _ = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-3))
+    model = _tiny()
+    shape = ge.Shape.of(model.cfg)
+    n = ge.param_count(shape)
+    full = state_bytes(R.init_train_state(model, cfg, tx, 0)[1])
+    counts = 2 * 4  # Adam's and the schedule's int32 step counters
+    assert full == dict(params=4 * n, frozen=0, ref=4 * n, opt_state=2 * 4 * n + counts)
+    lcfg = lora.LoRAConfig(rank=4, alpha=8.0, targets=targets)
+    sizes = state_bytes(R.init_train_state(lora.add_lora(_tiny(), lcfg), cfg, tx, 0)[1])
+    n_lora = ge.lora_param_count(shape, 4, targets)
+    assert sizes == dict(params=4 * n_lora, frozen=4 * n, ref=0, opt_state=2 * 4 * n_lora + counts)
+    print(f"\nLoRA r=4 {targets}: trainable + optimizer bytes {sizes['params'] + sizes['opt_state']} vs full FT "
+          f"{full['params'] + full['ref'] + full['opt_state']} "
+          f"({(sizes['params'] + sizes['opt_state']) / (full['params'] + full['ref'] + full['opt_state']):.3%})")
