@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +141,28 @@ def test_eval_mode_loads_the_lora_run_dir(lora_runs):
     tokens = jnp.asarray(_tokens(mcfg.vocab_size))
     fwd = nnx.jit(lambda m, t: m(t))
     np.testing.assert_allclose(np.asarray(fwd(policy, tokens)), np.asarray(fwd(exported, tokens)), atol=1e-4, rtol=0)
+
+
+def test_sft_with_lora_trains_and_saves_only_adapters(base, data_dir, tmp_path):  # noqa: F811
+    from test_train import ROOT, WORKER
+
+    w = str(tmp_path / "sft")
+    cmd = [sys.executable, WORKER, f"--config={ROOT}/configs/tiny_sft.py", f"--workdir={w}",
+           f"--config.model.path={base}", f"--config.data.data_dir={data_dir}", "--config.max_steps=3",
+           "--config.checkpoint_every=3", "--config.log_every=1", "--config.data.batch_size=8",
+           "--config.optim.warmup_steps=1", "--config.eval.at_end=False", "--config.ckpt.async_save=False",
+           "--config.logging.progress=False", "--config.logging.tensorboard=False", *LORA]
+    summary, _ = _run(cmd)
+    assert summary["end_step"] == 3 and os.path.isdir(summary["export_peft"])
+    params = [p for p in _state_leaf_paths(os.path.join(w, "checkpoints", "3")) if p[0] == "params"]
+    assert params and all(p[-1] in ("a", "b") and p[-2].startswith("lora_") for p in params), params[:4]
+    losses = [r["train/loss"] for r in read_metrics(w) if "train/loss" in r]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    # The merged export moved exactly the targeted projections; every other base tensor is bit-identical.
+    from safetensors.numpy import load_file
+    before = load_file(os.path.join(base, "model.safetensors"))
+    after = load_file(os.path.join(w, "export_hf", "model.safetensors"))
+    assert before.keys() == after.keys()
+    for k in before:
+        targeted = any(f"{t}_proj.weight" in k for t in ("q", "v", "up"))
+        assert np.array_equal(before[k], after[k]) != targeted, k
