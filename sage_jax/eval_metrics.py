@@ -18,12 +18,13 @@ import hashlib
 import itertools
 import json
 import math
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from sage_jax.boxed import extract_boxed_answer, normalize_whitespace  # noqa: F401  (re-exported)
 
 # Bound on the size of the temporary [rows, c_max] matrix in `pass_at_k` (float64 elements).
 _MAX_CHUNK_ELEMS = 1 << 22
@@ -100,61 +101,6 @@ def default_ks(n: int) -> list[int]:
         raise ValueError(f"n must be >= 1, got {n}")
     ks = [1 << i for i in range(n.bit_length()) if (1 << i) <= n]
     return ks if ks[-1] == n else ks + [n]
-
-
-def normalize_whitespace(text: str) -> str:
-    """Collapse runs of whitespace into one space and strip the ends."""
-    return " ".join(text.split())
-
-
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-
-
-def _braced_group(text: str, start: int) -> str | None:
-    """Content of the `{...}` group opening at `text[start]`, or None if it never closes.
-
-    A backslash escapes the next character, so `\\{` and `\\}` do not count as braces (as in TeX).
-    """
-    depth, i = 0, start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-        i += 1
-    return None
-
-
-def _box_content(text: str, pos: int) -> str | None:
-    """Argument of a `\\boxed` whose name ends at `pos`, or None when it never closes."""
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    if pos >= len(text):
-        return None
-    if text[pos] == "{":
-        return _braced_group(text, pos)
-    return re.match(r"[^\s$]*", text[pos:]).group(0)  # `\boxed 5`: one token, up to `$`
-
-
-def extract_boxed_answer(completion: str) -> str | None:
-    """The content of the last complete `\\boxed{...}` (or `\\fbox{...}`), whitespace-normalised.
-
-    Braces are matched, so `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`; the TeX short form
-    `\\boxed 5` gives `5`. A last box that never closes (a truncated completion) falls back to
-    the previous complete one, as `sage_jax.rewards` does, so votes agree with the verifier.
-    Returns None when there is no complete non-empty box.
-    """
-    for match in reversed(list(_BOXED_RE.finditer(completion))):
-        content = _box_content(completion, match.end())
-        if content is not None:
-            return normalize_whitespace(content) or None
-    return None
 
 
 def majority_at_k(

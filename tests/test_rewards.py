@@ -143,6 +143,18 @@ def test_last_boxed():
     assert R.last_boxed("\\boxed{2} then \\boxed{3") == "2"  # unclosed last box
     assert R.last_boxed("\\fbox{5}") == "5"
     assert R.last_boxed("no box") is None
+    assert R.last_boxed("\\boxed{}") == ""  # an empty box is a box, with no answer in it
+
+
+def test_one_answer_reader_for_rewards_and_eval():
+    """The verifier, the exact-match reward and the eval's majority vote read the same final answer,
+    including the TeX short form and an escaped backslash before a brace."""
+    from sage_jax.eval_metrics import extract_boxed_answer
+
+    texts = ["so $\\boxed 7$", "\\boxed{a\\\\{b}}", "\\boxed{ x  +  1 }", "\\boxedx{3}", "\\boxed{3} \\boxed{"]
+    assert [R.last_boxed(t) for t in texts] == ["7", "a\\\\{b}", "x  +  1", None, "3"]
+    assert [extract_boxed_answer(t) for t in texts] == ["7", "a\\\\{b}", "x + 1", None, "3"]
+    np.testing.assert_array_equal(R.exact_match_reward(texts, ["7", "a\\\\{b}", "x+1", "3", "3"]), [1, 1, 1, 0, 1])
 
 
 def test_format_reward():

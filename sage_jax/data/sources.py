@@ -81,7 +81,7 @@ def _require(value: Any, field: str, row: dict) -> Any:
 
 
 def _last_boxed(text: str) -> str | None:
-    from sage_jax.rewards import last_boxed  # the same brace matcher as the verifier
+    from sage_jax.boxed import last_boxed  # the same brace matcher as the verifier
 
     return last_boxed(text)
 
