@@ -13,7 +13,6 @@ import os
 
 import jax
 import ml_collections
-from flax import nnx
 
 from sage_jax import config_lib
 from sage_jax.evaluate import EvalSettings, Problem, evaluate_models
@@ -47,9 +46,7 @@ def load_policy(path: str, dtype=None, mesh=None):
     lora_cfg = config_lib.lora_config(rc)
     if lora_cfg is not None:  # the checkpoint holds the adapters; the base is the run's model.path
         lora_lib.add_lora(model, lora_cfg, param_dtype=config_lib.model_dtypes(rc)[1])
-        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
-    else:
-        (graphdef, params), frozen = nnx.split(model), None
+    graphdef, params, frozen = lora_lib.split_trainable(model)
     tx, _ = optim.make_optimizer(config_lib.optim_config(rc))
     template = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                           rng=jax.random.key(0), frozen_params=frozen)

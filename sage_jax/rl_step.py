@@ -37,7 +37,7 @@ from flax import nnx
 from sage_jax import guides, losses
 from sage_jax import sharding as shd
 from sage_jax.advantages import group_advantages
-from sage_jax.logprobs import sequence_logp_entropy, token_logp_entropy
+from sage_jax.logprobs import sequence_logp_entropy
 from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import positions_from_mask
 from sage_jax.reward_host import HostReward, host_rewards
@@ -121,16 +121,12 @@ def policy_state(state: TrainState):
 def init_train_state(model: nnx.Module, cfg: RLConfig, tx: optax.GradientTransformation, seed: int) -> tuple[nnx.GraphDef, TrainState]:
     """The state takes over the model's arrays (no copy) and the step donates them: after training
     starts, read the policy from `nnx.merge(graphdef, state.params)`, not from `model`."""
-    if lora_lib.has_lora(model):
-        # Only the adapters train (and have optimizer state); the reference is the base with adapters zeroed.
-        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
-        return graphdef, _colocate_scalars(TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                                      opt_state=tx.init(params), rng=jax.random.key(seed),
-                                                      frozen_params=frozen))
-    graphdef, params = nnx.split(model)
-    ref = jax.tree.map(jnp.copy, params) if cfg.needs_ref else None
+    # Under LoRA only the adapters train (and have optimizer state); the reference is the base with the
+    # adapters zeroed, so no copy is made.
+    graphdef, params, frozen = lora_lib.split_trainable(model)
+    ref = jax.tree.map(jnp.copy, params) if cfg.needs_ref and frozen is None else None
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                       rng=jax.random.key(seed), ref_params=ref)
+                       rng=jax.random.key(seed), ref_params=ref, frozen_params=frozen)
     return graphdef, _colocate_scalars(state)
 
 
@@ -163,7 +159,7 @@ def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformat
     if lora_lib.has_lora(model):
         # the base stays where it was placed; the (small) adapters are placed by their axes, and only
         # they get optimizer state
-        graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
+        graphdef, params, frozen = lora_lib.split_trainable(model)
         params = jax.device_put(params, shd.state_shardings(params, mesh, rules))
         out = shd.state_shardings(jax.eval_shape(tx.init, params), mesh, rules)
         opt_state = jax.jit(tx.init, out_shardings=out)(params)

@@ -19,7 +19,6 @@ it are `pad_id`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple, Sequence
 
 import jax

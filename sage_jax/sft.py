@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from sage_jax.logprobs import token_logp_entropy
 from sage_jax.models.decoder import positions_from_mask

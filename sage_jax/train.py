@@ -26,8 +26,7 @@ from sage_jax.metric_writer import MetricWriter
 from sage_jax.models import hf
 from sage_jax.models import lora as lora_lib
 from sage_jax.reward_host import HostReward, encode_answers
-from sage_jax.rl_step import (RLConfig, TrainState, init_train_state_sharded, make_rl_step, policy_model,
-                              policy_state)
+from sage_jax.rl_step import TrainState, init_train_state_sharded, make_rl_step, policy_model, policy_state
 from sage_jax.sampling import SamplingConfig, TextSampler, left_pad
 
 log = logging.getLogger(__name__)
@@ -205,10 +204,7 @@ def run(c, workdir: str) -> dict[str, Any]:
         step_fn = make_rl_step(graphdef, rl_cfg, tx, lr_fn, HostReward(s.tokenizer, s.reward_fn), s.mesh)
     else:
         from sage_jax.sft import make_sft_step
-        if lora_cfg is not None:
-            graphdef, params, frozen = nnx.split(model, lora_lib.LoRAParam, ...)
-        else:
-            (graphdef, params), frozen = nnx.split(model), None
+        graphdef, params, frozen = lora_lib.split_trainable(model)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key(c.seed), frozen_params=frozen)
         step_fn = make_sft_step(graphdef, tx, lr_fn, c.rl.logp_chunk)

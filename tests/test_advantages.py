@@ -8,12 +8,7 @@ import pytest
 from sage_jax import advantages
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", prev)
+pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 
 
 def np_advantages(r, G, scale, eps=1e-4):

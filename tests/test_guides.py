@@ -16,12 +16,7 @@ import pytest
 from sage_jax import guides
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", prev)
+pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 
 
 # ------------------------------------------------------------------ independent references

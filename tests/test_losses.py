@@ -13,12 +13,7 @@ from sage_jax import guides, losses
 from sage_jax.losses import LossConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def x64():
-    prev = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", prev)
+pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 
 
 # ------------------------------------------------------------------ independent references

@@ -138,6 +138,15 @@ def has_lora(model) -> bool:
     return getattr(model, "lora_cfg", None) is not None
 
 
+def split_trainable(model):
+    """(graphdef, trainable, frozen): under LoRA the adapters and the frozen base (the reference), else
+    every param and None. The one place that decides what a train state optimises and checkpoints."""
+    if has_lora(model):
+        return nnx.split(model, LoRAParam, ...)
+    graphdef, params = nnx.split(model)
+    return graphdef, params, None
+
+
 def iter_adapters(model):
     """(layer index, target, weight Param, LoRA module) for every adapter of the model."""
     for i, block in enumerate(model.layers):
