@@ -12,6 +12,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from sage_jax import config_lib
@@ -26,14 +27,14 @@ def is_run_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, RUN_CONFIG)) and os.path.isdir(os.path.join(path, "checkpoints"))
 
 
-def load_policy(path: str, dtype=None, mesh=None):
-    """(model, tokenizer_path) from an HF dir or from a run dir's latest checkpoint."""
+def load_policy(path: str, dtype=None, mesh=None, param_dtype=None):
+    """(model, tokenizer_path) from an HF dir (in `dtype` / `param_dtype`, default float32) or from a run
+    dir's latest checkpoint (in the dtypes that run trained with)."""
     if not is_run_dir(path):
-        return hf.load(path, **({"dtype": dtype} if dtype else {}), mesh=mesh)[0], path
+        return hf.load(path, dtype=dtype or jnp.float32, mesh=mesh, param_dtype=param_dtype)[0], path
     from sage_jax import optim
     from sage_jax.checkpoint import Checkpointer
     from sage_jax.rl_step import TrainState
-    import jax.numpy as jnp
 
     with open(os.path.join(path, RUN_CONFIG)) as f:
         rc = ml_collections.ConfigDict(json.load(f))
@@ -98,10 +99,11 @@ def run(c, workdir: str) -> dict:
 
     from sage_jax import sharding
     mesh = sharding.make_mesh(tuple(c.mesh.shape))
+    dtype, pdtype = config_lib.model_dtypes(c)
 
     def factory(path):
         def build(s: EvalSettings):
-            model, tp = load_policy(path, mesh=mesh)
+            model, tp = load_policy(path, dtype, mesh=mesh, param_dtype=pdtype)  # HF dirs: model.(param_)dtype
             tok = hf.load_tokenizer(tp)
             mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(tp))
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0

@@ -53,3 +53,33 @@ def test_eval_hf_dir_and_run_dir(tmp_path, monkeypatch):
     before = open(os.path.join(out, "eval", "results.json")).read()
     eval_mode.run(e, out)
     assert json.loads(open(os.path.join(out, "eval", "results.json")).read())["models"] == json.loads(before)["models"]
+
+
+def test_hf_dirs_load_in_the_configured_dtypes(tmp_path, monkeypatch):
+    """mode=eval loads an HF dir in the config's model.dtype / model.param_dtype (bf16 on a GPU runtime),
+    float32 when called without them; a run dir keeps the dtypes it trained with."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    param_dtypes = lambda m: {x.dtype for x in jax.tree.leaves(nnx.state(m, nnx.Param))}
+    model, _ = eval_mode.load_policy(TINY_BASE)
+    assert param_dtypes(model) == {jnp.dtype("float32")} and model.dtype == jnp.float32
+    model, _ = eval_mode.load_policy(TINY_BASE, jnp.bfloat16, param_dtype=jnp.bfloat16)
+    assert param_dtypes(model) == {jnp.dtype("bfloat16")} and model.dtype == jnp.bfloat16
+
+    seen = []
+    real = eval_mode.load_policy
+
+    def spy(path, dtype=None, mesh=None, param_dtype=None):
+        seen.append((dtype, param_dtype))
+        return real(path, dtype, mesh=mesh, param_dtype=param_dtype)
+
+    monkeypatch.setattr(eval_mode, "load_policy", spy)
+    e = _small(tiny_config())
+    e.mode = "eval"
+    e.model.dtype = e.model.param_dtype = "bfloat16"
+    e.eval.models = ml_collections.ConfigDict({"base": TINY_BASE})
+    e.eval.num_problems, e.eval.n, e.eval.max_new_tokens, e.eval.batch_size = 2, 2, 8, 4
+    eval_mode.run(e, str(tmp_path / "eval"))
+    assert seen == [(jnp.bfloat16, jnp.bfloat16)]
