@@ -84,6 +84,7 @@ from sage_jax import eval_mode
 e = default_config()
 e.mode, e.seed = "eval", 0
 e.model.path = next(iter(MODELS.values()))
+e.model.dtype = e.model.param_dtype = "float32" if SMOKE else "bfloat16"  # HF dirs; run dirs keep their own
 e.data.data_dir = DATA_DIR
 e.data.template = "chat" if SMOKE else "sage"  # sage: chat template + "Please reason step by step ... \boxed{}"
 e.eval.models = ml_collections.ConfigDict(dict(MODELS))
