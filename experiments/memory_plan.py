@@ -223,7 +223,6 @@ def lora_state_section(rows: list[dict]) -> str:
     """Held state per device, full fine-tuning vs LoRA, from `sage_jax.gpu_estimates`' parameter counts
     (which tests/test_lora.py checks against the bytes of a real train state). The full-FT column is
     set beside the compiled 'state' of the table above: their agreement checks the counts at 7B scale."""
-    sys.path.insert(0, ROOT)
     from sage_jax import gpu_estimates as ge
 
     head = (f"| model | devices | mesh | full FT state GiB/dev (compiled) | full FT (counted) | "

@@ -1,7 +1,7 @@
 """math-verify in a process pool: the verifier behind the `math_verify` reward (`sage_jax.rewards`).
 
-`math_verify_reward(completions, answers)` is the verifier the RL step calls (through
-`jax.pure_callback`); it returns a float32 numpy array of 1.0 / 0.0 and never raises or hangs.
+`VerifierPool.verify(completions, answers)` scores a batch: a float32 numpy array of 1.0 / 0.0 plus
+counts; it never raises or hangs. `sage_jax.rewards.math_verify_reward` runs it on `default_pool()`.
 
 Why a process pool: sympy can spend unbounded time inside C code (`9^{9^{9^9}}`) where no signal
 reaches it, and math-verify's own `signal.alarm` timeouts only work on the main thread. Each

@@ -12,7 +12,9 @@ import pytest
 
 from sage_jax.metric_writer import read_metrics
 
-from test_train import _cmd, _env, _run, _steps_logged, _strip_perf, _wait_for, base, data_dir  # noqa: F401
+from test_train import (  # noqa: F401  (base, data_dir: the module-scoped fixtures)
+    ROOT, WORKER, _cmd, _env, _run, _steps_logged, _strip_perf, _wait_for, base, data_dir,
+)
 
 LORA = ["--config.model.lora.rank=4", "--config.model.lora.alpha=8.0", "--config.model.lora.targets=q,v,up",
         "--config.optim.learning_rate=3e-3", "--config.ckpt.export_hf=True"]
@@ -144,8 +146,6 @@ def test_eval_mode_loads_the_lora_run_dir(lora_runs):
 
 
 def test_sft_with_lora_trains_and_saves_only_adapters(base, data_dir, tmp_path):  # noqa: F811
-    from test_train import ROOT, WORKER
-
     w = str(tmp_path / "sft")
     cmd = [sys.executable, WORKER, f"--config={ROOT}/configs/tiny_sft.py", f"--workdir={w}",
            f"--config.model.path={base}", f"--config.data.data_dir={data_dir}", "--config.max_steps=3",
