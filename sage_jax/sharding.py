@@ -215,7 +215,7 @@ def constrain(x, axes: Sequence[str | None]):
 
 
 def constrain_cache(cache: list[dict] | None):
-    """KV cache BxSxKxDh: rows like the batch, kv heads like the kv weights."""
+    """KV cache BxKxSxDh: rows like the batch, kv heads like the kv weights."""
     if cache is None or _ACTIVE.get() is None:
         return cache
-    return [{k: constrain(v, ("batch", "cache_seq", "kv_heads", "head_dim")) for k, v in c.items()} for c in cache]
+    return [{k: constrain(v, ("batch", "kv_heads", "cache_seq", "head_dim")) for k, v in c.items()} for c in cache]

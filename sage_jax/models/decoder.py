@@ -110,46 +110,57 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         B, T = x_BxTxD.shape[:2]
-        if cache is None:
-            k_all, v_all, start = k, v, 0
-        else:
-            # In-place write of this chunk into the (donated) static-shape cache.
-            idx = (0, cache_index, 0, 0)
-            k_all = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), idx)
-            v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), idx)
-            cache = {"k": k_all, "v": v_all}
-            start = cache_index
-            k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
-        S = k_all.shape[1]
-        q_slot = start + jnp.arange(T)
-        causal_TxS = jnp.arange(S)[None, :] <= q_slot[:, None]
-        mask_BxTxS = causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
         qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
-        if T == 1 and cache is not None:
-            out = _decode_attention(qg[:, 0], k_all, v_all, mask_BxTxS[:, 0], self.dtype)[:, None]
+        scale = cfg.head_dim ** -0.5
+        if cache is None:  # training / scoring: keys are this chunk, BxTxKxDh
+            mask_BxTxS = _mask(0, T, T, kv_mask_BxS)
+            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k) * scale
+            probs = _softmax(scores, mask_BxTxS[:, None, None], self.dtype)
+            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
         else:
-            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_all) * (cfg.head_dim ** -0.5)
-            scores = jnp.where(mask_BxTxS[:, None, None], scores.astype(jnp.float32), _NEG_INF)
-            probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, v_all)
+            # In-place write of this chunk into the (donated) static-shape BxKxSxDh cache.
+            idx = (0, 0, cache_index, 0)
+            k_all = jax.lax.dynamic_update_slice(cache["k"], k.swapaxes(1, 2).astype(cache["k"].dtype), idx)
+            v_all = jax.lax.dynamic_update_slice(cache["v"], v.swapaxes(1, 2).astype(cache["v"].dtype), idx)
+            cache = {"k": k_all, "v": v_all}
+            k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
+            S = k_all.shape[2]
+            mask_BxTxS = _mask(cache_index, T, S, kv_mask_BxS)
+            if T == 1:
+                out = _decode_attention(qg[:, 0], k_all, v_all, mask_BxTxS[:, 0], self.dtype)[:, None]
+            else:  # prefill
+                scores = jnp.einsum("btkgd,bksd->bkgts", qg, k_all) * scale
+                probs = _softmax(scores, mask_BxTxS[:, None, None], self.dtype)
+                out = jnp.einsum("bkgts,bksd->btkgd", probs, v_all)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
         y = adapted(self, "o", out, jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype)), self.dtype)
         return y, cache
 
 
-def _decode_attention(q_BxKxGxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxS, dtype):
-    """One query per row against the cache, as multiply-and-reduce (float32 accumulation).
+def _mask(start, T, S, kv_mask_BxS):
+    """BxTxS: query t (at cache slot start + t) sees slot s when s <= its slot and s holds a real token."""
+    causal_TxS = jnp.arange(S)[None, :] <= (start + jnp.arange(T))[:, None]
+    return causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
 
-    A dot_general wants (b, k) as leading batch dims, so with the BxSxKxDh cache XLA:CPU transpose-copied
-    every layer's whole cache at every decode step (the largest cost of the decode loop); the reductions
-    read the cache once in its own layout.
+
+def _softmax(scores, mask, dtype):
+    """Masked softmax over the last axis in float32, cast back to the compute dtype."""
+    return jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), _NEG_INF), axis=-1).astype(dtype)
+
+
+def _decode_attention(q_BxKxGxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxS, dtype):
+    """One query per row against the cache (float32 accumulation).
+
+    The cache is BxKxSxDh so that (b, k) are its leading dims: both contractions are batched matmuls
+    over the cache in its own layout. With a BxSxKxDh cache XLA:CPU transpose-copied every layer's
+    cache at every step, and multiply-and-reduce over it ran at ~2 GFLOP/s; this layout roughly halves
+    the attention cost of a decode step (experiments/bench/README.md).
     """
     f32 = jnp.float32
     scale = q_BxKxGxDh.shape[-1] ** -0.5
-    scores_BxSxKxG = jnp.sum(q_BxKxGxDh[:, None].astype(f32) * k_BxSxKxDh[:, :, :, None].astype(f32), axis=-1)
-    scores_BxSxKxG = jnp.where(mask_BxS[:, :, None, None], scores_BxSxKxG * scale, _NEG_INF)
-    probs = jax.nn.softmax(scores_BxSxKxG, axis=1)
-    return jnp.sum(probs[..., None] * v_BxSxKxDh[:, :, :, None].astype(f32), axis=1).astype(dtype)
+    scores_BxKxGxS = jnp.einsum("bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh, preferred_element_type=f32)
+    probs = _softmax(scores_BxKxGxS * scale, mask_BxS[:, None, None], f32)
+    return jnp.einsum("bkgs,bksd->bkgd", probs, v_BxKxSxDh.astype(f32)).astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -258,8 +269,8 @@ class Decoder(nnx.Module):
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> list[dict[str, Array]]:
-    """Static-shape KV cache: per layer k, v of shape BxSxKxDh (kept in the decode loop carry)."""
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    """Static-shape KV cache: per layer k, v of shape BxKxSxDh (kept in the decode loop carry)."""
+    shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
     return shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                                 for _ in range(cfg.num_layers)])
 
