@@ -6,7 +6,8 @@ Uses the benchmark's tiny checkpoint (written by `bench.py` into its workdir; ma
 Prints three measured tables, all from one process with the variants interleaved:
 
 1. rollout time per decode step as the rows B grow (P = 16): flat = dispatch-bound, linear = compute;
-2. the same as the prompt length P grows (B = 64): the slope is the cost of attending over more slots;
+2. the same as the prompt length P grows (B = 64), less the prefill (a T = 1 rollout): the slope is the
+   cost of attending over more cache slots;
 3. one traced rollout (`jax.profiler`), thunk time summed by the HLO op it came from (`op_name` metadata)
    and the 10 costliest thunks. Thunks run on 2 threads, so their sum can exceed the wall time.
 """
@@ -98,14 +99,21 @@ def main():
     for B, s in rows.items():
         print(f"| {B} | {s * 1e3:.1f} | {s / T * 1e3:.2f} | {s / T / B * 1e6:.1f} |")
 
-    print("\n| P (B = 64) | cache slots S | rollout ms | ms / decode step |\n|---|---|---|---|")
-    lens = interleaved({P: rollout_fn(graphdef, state, 64, P, T)[1] for P in (16, 80, 208)})
-    for P, s in lens.items():
-        print(f"| {P} | {P + T} | {s * 1e3:.1f} | {s / T * 1e3:.2f} |")
-    (p0, s0), (p1, s1) = list(lens.items())[0], list(lens.items())[-1]
-    slope = (s1 - s0) / T / (p1 - p0)
+    # Prefill (a T = 1 rollout) grows with P too; subtract it so the slope is the decode steps' own.
+    print("\n| P (B = 64) | cache slots S | rollout ms | prefill ms | ms / decode step |\n|---|---|---|---|---|")
+    fns = {}
+    for P in (16, 80, 208):
+        fns[(P, T)] = rollout_fn(graphdef, state, 64, P, T)[1]
+        fns[(P, 1)] = rollout_fn(graphdef, state, 64, P, 1)[1]
+    timed = interleaved(fns)
+    step = {}
+    for P in (16, 80, 208):
+        full, pre = timed[(P, T)], timed[(P, 1)]
+        step[P] = (full - pre) / (T - 1)
+        print(f"| {P} | {P + T} | {full * 1e3:.1f} | {pre * 1e3:.1f} | {step[P] * 1e3:.2f} |")
+    slope = (step[208] - step[16]) / (208 - 16)
     print(f"\nper decode step: {slope * 1e6:.1f} us per cache slot; at S = {16 + T} that is "
-          f"{slope * (16 + T) / (s0 / T):.0%} of the step")
+          f"{slope * (16 + T) / step[16]:.0%} of the step")
 
     jitted, _ = rollout_fn(graphdef, state, 64, 16, T)
     hlo = jitted.lower(state, jax.random.key(0)).compile().as_text()
