@@ -111,12 +111,8 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         B, T = x_BxTxD.shape[:2]
         qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
-        scale = cfg.head_dim ** -0.5
         if cache is None:  # training / scoring: keys are this chunk, BxTxKxDh
-            mask_BxTxS = _mask(0, T, T, kv_mask_BxS)
-            scores = jnp.einsum("btkgd,bskd->bkgts", qg, k) * scale
-            probs = _softmax(scores, mask_BxTxS[:, None, None], self.dtype)
-            out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+            out = _attend(qg, k, v, _mask(0, T, T, kv_mask_BxS), "bskd", self.dtype)
         else:
             # In-place write of this chunk into the (donated) static-shape BxKxSxDh cache.
             idx = (0, 0, cache_index, 0)
@@ -129,9 +125,7 @@ class Attention(nnx.Module):
             if T == 1:
                 out = _decode_attention(qg[:, 0], k_all, v_all, mask_BxTxS[:, 0], self.dtype)[:, None]
             else:  # prefill
-                scores = jnp.einsum("btkgd,bksd->bkgts", qg, k_all) * scale
-                probs = _softmax(scores, mask_BxTxS[:, None, None], self.dtype)
-                out = jnp.einsum("bkgts,bksd->btkgd", probs, v_all)
+                out = _attend(qg, k_all, v_all, mask_BxTxS, "bksd", self.dtype)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
         y = adapted(self, "o", out, jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype)), self.dtype)
         return y, cache
@@ -141,6 +135,13 @@ def _mask(start, T, S, kv_mask_BxS):
     """BxTxS: query t (at cache slot start + t) sees slot s when s <= its slot and s holds a real token."""
     causal_TxS = jnp.arange(S)[None, :] <= (start + jnp.arange(T))[:, None]
     return causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
+
+
+def _attend(qg_BxTxKxGxDh, k, v, mask_BxTxS, kv_spec, dtype):
+    """T queries per row against S keys; `kv_spec` names the key/value layout ("bskd" or "bksd")."""
+    scores = jnp.einsum(f"btkgd,{kv_spec}->bkgts", qg_BxTxKxGxDh, k) * (qg_BxTxKxGxDh.shape[-1] ** -0.5)
+    probs = _softmax(scores, mask_BxTxS[:, None, None], dtype)
+    return jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v)
 
 
 def _softmax(scores, mask, dtype):
