@@ -49,6 +49,8 @@ from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
 SHAPES = {  # the issue's two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, prompts=8, group=8, T=64),
     "small": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536, prompts=8, group=8, T=128),
+    # Accelerator-sized: Qwen2.5-0.5B's width, MLP and head layout at half its depth (not a default shape).
+    "medium": dict(hidden_size=896, num_layers=12, num_heads=14, intermediate_size=4864, prompts=8, group=8, T=256),
 }
 LR, BETA, P_LEN = 1e-6, 0.04, 16
 TRL_PINS = os.path.join(HERE, "trl_requirements.txt")
@@ -106,9 +108,10 @@ def optimizer():
 
 
 class Setup:
-    def __init__(self, ckpt, T, G, guide, n_prompts):
+    def __init__(self, ckpt, T, G, guide, n_prompts, dtype="float32"):
         self.tok = char_tokenizer()
-        model, self.mcfg = hf.load(ckpt)
+        # Parameters stay float32 (the optimizer's master copy); `dtype` is the compute dtype, like torch AMP.
+        model, self.mcfg = hf.load(ckpt, dtype=jnp.dtype(dtype), param_dtype=jnp.float32)
         self.cfg = rl_config(T, G, guide)
         self.tx, self.lr_fn = optimizer()
         self.host = HostReward(self.tok, count_ones)
@@ -133,7 +136,13 @@ def time_fused(s: Setup, warmup: int, steps: int):
     assert tokens == s.N * s.G * s.T, (tokens, "completions were not full length")
     return dict(step_s=times, median_step_s=statistics.median(times[warmup:]), first_step_s=times[0],
                 compiles_after_first_step=_COMPILES[0] - compiles_before, completion_tokens=tokens,
-                jit_cache_size=s.step_fn._cache_size())
+                jit_cache_size=s.step_fn._cache_size(), device_peak_bytes=device_peak_bytes())
+
+
+def device_peak_bytes():
+    """The accelerator allocator's peak since the process started (None on CPU, which keeps no stats)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("peak_bytes_in_use")
 
 
 # ------------------------------------------------------------------------------------------ phases
@@ -205,9 +214,9 @@ def time_phases(s: Setup, reps: int):
 
 
 # ------------------------------------------------------------------------------------------ roofline
-def matmul_gflops(m, k, n, reps=5):
-    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+def matmul_gflops(m, k, n, reps=5, dtype=jnp.float32):
+    a = jax.random.normal(jax.random.key(0), (m, k), dtype)
+    b = jax.random.normal(jax.random.key(1), (k, n), dtype)
     f = jax.jit(lambda a, b: a @ b)
     jax.block_until_ready(f(a, b))
     ts = []
@@ -245,28 +254,41 @@ def ensure_trl_venv():
 
 
 # name -> (trl_side --variant, torch threads; 0 = torch's default, all cores). Under a loaded machine torch's
-# OpenMP pool with 2 threads slows down several-fold (threads wait on descheduled peers), so TRL is also
-# timed on one thread and the comparison takes TRL's fastest configuration.
-TRL_VARIANTS = {"fp32": ("fp32", 0), "fp32_1thread": ("fp32", 1), "defaults": ("defaults", 0)}
+# OpenMP pool with 2 threads slows down several-fold (threads wait on descheduled peers), so on CPU TRL is also
+# timed on one thread and the comparison takes TRL's fastest configuration. `bf16` is autocast without
+# gradient checkpointing (the like of ours in bfloat16); `defaults` adds TRL's gradient checkpointing.
+TRL_VARIANTS = {"fp32": ("fp32", 0), "fp32_1thread": ("fp32", 1), "bf16": ("bf16", 0), "defaults": ("defaults", 0)}
 
 
-def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, timeout_s=900):
+def default_trl_variants(shape, dtype, accel):
+    if accel:  # threads do not matter on an accelerator; compare within the compute dtype
+        return ("fp32",) if dtype == "float32" else ("bf16", "defaults")
+    return ("fp32", "fp32_1thread", "defaults") if shape == "tiny" else ("fp32_1thread", "fp32")
+
+
+def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, device, timeout_s=900):
     mode, threads = TRL_VARIANTS[variant]
     cmd = [py, os.path.join(HERE, "trl_side.py"), "--model", ckpt, "--prompts", prompts_file,
            "--completion-len", str(T), "--group", str(G), "--steps", str(steps), "--warmup", str(warmup),
-           "--lr", str(LR), "--beta", str(BETA), "--out", out, "--variant", mode, "--threads", str(threads)]
+           "--lr", str(LR), "--beta", str(BETA), "--out", out, "--variant", mode, "--threads", str(threads),
+           "--device", device]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     if os.path.exists(out):
         os.remove(out)
+    log = out + ".log"
     try:
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                       timeout=timeout_s)
+        with open(log, "w") as f:
+            subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
         res = json.load(open(out))
     except subprocess.TimeoutExpired:  # keep the steps done so far (trl_side writes after each step)
         res = json.load(open(out)) if os.path.exists(out) else dict(step_s=[])
         res["timed_out_after_s"] = timeout_s
         timed = res["step_s"][warmup:] or res["step_s"][-1:]
         res["median_step_s"] = statistics.median(timed) if timed else float("nan")
+    except subprocess.CalledProcessError as e:  # say why, from its log, and go on with the other runs
+        tail = open(log).read()[-2000:]
+        print(f"TRL {variant} failed (exit {e.returncode}); end of {log}:\n{tail}", flush=True)
+        return dict(step_s=[], median_step_s=float("nan"), failed=tail, threads_arg=threads)
     res["threads_arg"] = threads
     return res
 
@@ -278,29 +300,62 @@ def main():
     ap.add_argument("--workdir", default="/tmp/sage_bench")
     ap.add_argument("--no-trl", action="store_true")
     ap.add_argument("--out", default=HERE)
+    ap.add_argument("--name", default=None, help="stem of the result files (default results / results_quick)")
+    ap.add_argument("--shapes", default=None, help=f"comma-separated, of {sorted(SHAPES)} (default tiny,small)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="compute dtype of our side (parameters stay float32)")
+    ap.add_argument("--trl-python", default=None,
+                    help="an interpreter that already has TRL (e.g. on an offline GPU machine) instead of .venv-trl")
+    ap.add_argument("--trl-variants", default=None, help=f"comma-separated, of {sorted(TRL_VARIANTS)}")
+    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--no-phases", action="store_true", help="skip the per-phase breakdown and roofline")
+    ap.add_argument("--guides", default="none,branch", help="comma-separated guides to time; none is the baseline")
     a = ap.parse_args()
+    shapes = (a.shapes or ("tiny" if a.quick else "tiny,small")).split(",")
+    for sh in shapes:
+        if sh not in SHAPES:
+            ap.error(f"--shapes: unknown shape {sh!r}; known: {sorted(SHAPES)}")
+    if "none" not in a.guides.split(","):
+        ap.error("--guides must include none (the baseline of the speedups)")
+    variants = a.trl_variants.split(",") if a.trl_variants else None
+    for v in variants or ():
+        if v not in TRL_VARIANTS:
+            ap.error(f"--trl-variants: unknown variant {v!r}; known: {sorted(TRL_VARIANTS)}")
+    accel = jax.default_backend() != "cpu"
+    if accel and a.dtype == "float32":
+        # torch's float32 matmuls are full precision by default; XLA:GPU's default would be TF32.
+        jax.config.update("jax_default_matmul_precision", "highest")
     os.makedirs(a.workdir, exist_ok=True)
-    shapes = ["tiny"] if a.quick else ["tiny", "small"]
+    name = a.name or ("results_quick" if a.quick else "results")
     t_start = time.time()
-    res = dict(meta=dict(jax=jax.__version__, backend=jax.default_backend(), cpus=os.cpu_count(),
-                         xla_flags=os.environ.get("XLA_FLAGS", ""), quick=a.quick,
-                         started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
+    dev = jax.devices()[0]
+    res = dict(meta=dict(jax=jax.__version__, backend=jax.default_backend(), device=dev.device_kind,
+                         cpus=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""), quick=a.quick,
+                         dtype=a.dtype, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
 
-    # Roofline: the machine's float32 matmul throughput, measured now (the machine is shared).
-    roof = dict(square_2048=matmul_gflops(2048, 2048, 2048))
+    # Roofline: the machine's matmul throughput in the compute dtype, measured now (the machine is shared).
+    mm_dtype = jnp.dtype(a.dtype)
+    big = 8192 if accel else 2048
+    roof = {f"square_{big}": matmul_gflops(big, big, big, dtype=mm_dtype)}
     for shape in shapes:
         s = SHAPES[shape]
         rows, D, F = s["prompts"] * s["group"], s["hidden_size"], s["intermediate_size"]
-        roof[f"decode_{shape}_{rows}x{D}x{F}"] = matmul_gflops(rows, D, F, reps=20)
-    roof["decode_64x512x8192"] = matmul_gflops(64, 512, 8192, reps=10)
+        roof[f"decode_{shape}_{rows}x{D}x{F}"] = matmul_gflops(rows, D, F, reps=20, dtype=mm_dtype)
+    roof["decode_64x512x8192"] = matmul_gflops(64, 512, 8192, reps=10, dtype=mm_dtype)
     res["matmul_gflops"] = roof
+    res["meta"]["peak_key"] = peak_key = f"square_{big}"
     print("matmul GFLOP/s:", {k: round(v, 1) for k, v in roof.items()}, flush=True)
 
-    py = None if a.no_trl else ensure_trl_venv()
+    py = None if a.no_trl else (a.trl_python or ensure_trl_venv())
     prompts_file = os.path.join(a.workdir, "prompts.json")
     json.dump(prompts(8), open(prompts_file, "w"))
     # Steps after warm-up: the small shape costs tens of seconds per step on a shared 2-core machine.
-    counts = dict(tiny=(1, 3) if a.quick else (2, 5), small=(1, 3))
+    counts = dict(tiny=(1, 3) if a.quick else (2, 5), small=(1, 3), medium=(1, 3))
+
+    def save():  # after every shape, so a run cut short keeps what it measured
+        res["meta"]["wall_s"] = time.time() - t_start
+        json.dump(res, open(os.path.join(a.out, f"{name}.json"), "w"), indent=1)
+        open(os.path.join(a.out, f"{name}.md"), "w").write(markdown(res, [sh for sh in shapes if sh in res]))
 
     for shape in shapes:
         sh = SHAPES[shape]
@@ -308,75 +363,79 @@ def main():
         T, G, N = sh["T"], sh["group"], sh["prompts"]
         r = dict(rows=N * G, completion_len=T, prompt_len=P_LEN)
         warmup, steps = counts[shape]
-        for guide in ("none", "branch"):
-            s = Setup(ckpt, T, G, guide, N)
+        for guide in a.guides.split(","):
+            s = Setup(ckpt, T, G, guide, N, a.dtype)
             r[f"ours_{guide}"] = time_fused(s, warmup, steps)
             print(shape, guide, {k: v for k, v in r[f"ours_{guide}"].items() if k != "step_s"}, flush=True)
-            if guide == "none":
+            if guide == "none" and not a.no_phases:
                 r["phases_s"] = time_phases(s, reps=2)
                 print(shape, "phases", r["phases_s"], flush=True)
             del s
         if py:
-            tw, ts = (1, 3) if a.quick else (2, 4) if shape == "tiny" else (1, 2)
-            # TRL's own defaults (bf16 autocast, gradient checkpointing) only where a step is cheap.
-            for variant in ("fp32", "fp32_1thread", "defaults") if shape == "tiny" else ("fp32_1thread", "fp32"):
+            tw, ts = (1, 3) if a.quick or accel else (2, 4) if shape == "tiny" else (1, 2)
+            for variant in variants or default_trl_variants(shape, a.dtype, accel):
                 r[f"trl_{variant}"] = run_trl(py, ckpt, prompts_file, T, G, tw + ts, tw,
                                               os.path.join(a.workdir, f"trl_{shape}_{variant}.json"), variant,
-                                              timeout_s=180 if shape == "tiny" else 300)
+                                              "cuda" if accel else "cpu",
+                                              timeout_s=180 if shape == "tiny" or accel else 300)
                 print(shape, "trl", variant, r[f"trl_{variant}"]["median_step_s"], flush=True)
-            # Ours once more after TRL: the machine is shared, so bracket TRL's run with ours.
-            s = Setup(ckpt, T, G, "none", N)
-            r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
-            del s
-        mcfg = model_config(shape)
-        fl = flops(mcfg, N * G, P_LEN, T)
-        ph = r["phases_s"]
-        peak = roof["square_2048"]
-        r["flops"] = fl
-        r["roofline"] = {
-            "decode": dict(gflops=fl["decode"] / ph["rollout"] / 1e9,
-                           frac_of_square=fl["decode"] / ph["rollout"] / 1e9 / peak,
-                           frac_of_decode_shaped=fl["decode"] / ph["rollout"] / 1e9 /
-                           roof[f"decode_{shape}_{N * G}x{mcfg.hidden_size}x{mcfg.intermediate_size}"]),
-            "ref_forward": dict(gflops=fl["ref_forward"] / ph["ref_forward"] / 1e9,
-                                frac_of_square=fl["ref_forward"] / ph["ref_forward"] / 1e9 / peak),
-            "train": dict(gflops=fl["train"] / ph["train"] / 1e9,
-                          frac_of_square=fl["train"] / ph["train"] / 1e9 / peak),
-        }
-        ours = statistics.median([r["ours_none"]["median_step_s"]] +
-                                 ([r["ours_none_after"]["median_step_s"]] if "ours_none_after" in r else []))
-        r["ours_step_s"] = ours
-        r["ours_tokens_per_s"] = N * G * T / ours
-        if py:
-            trl = {v: r[f"trl_{v}"]["median_step_s"] for v in TRL_VARIANTS if f"trl_{v}" in r}
-            r["trl_best_variant"] = min(trl, key=trl.get)
-            r["trl_step_s"] = trl[r["trl_best_variant"]]
-            r["speedup"] = r["trl_step_s"] / ours
-            r["trl_tokens_per_s"] = N * G * T / r["trl_step_s"]
-            if "trl_defaults" in r:
-                r["trl_defaults_step_s"] = r["trl_defaults"]["median_step_s"]
-                r["speedup_vs_trl_defaults"] = r["trl_defaults_step_s"] / ours
-        r["branch_over_none"] = r["ours_branch"]["median_step_s"] / r["ours_none"]["median_step_s"]
+            if not accel:  # ours once more after TRL: this CPU is shared, so bracket TRL's run with ours
+                s = Setup(ckpt, T, G, "none", N, a.dtype)
+                r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
+                del s
+        summarise(r, shape, N, G, T, roof, peak_key)
         res[shape] = r
+        save()
 
-    if not a.quick:
+    if not (a.quick or a.no_scaling):
         ckpt = write_checkpoint("tiny", a.workdir)
         scal = dict(completion_len={}, group_size={})
         for T in (64, 128, 256, 512):
-            s = Setup(ckpt, T, 8, "none", 8)
+            s = Setup(ckpt, T, 8, "none", 8, a.dtype)
             scal["completion_len"][T] = time_fused(s, 1, 2)["median_step_s"]
             print("scaling T", T, scal["completion_len"][T], flush=True)
         for G in (4, 8, 16, 32):
-            s = Setup(ckpt, 64, G, "none", 8)
+            s = Setup(ckpt, 64, G, "none", 8, a.dtype)
             scal["group_size"][G] = time_fused(s, 1, 2)["median_step_s"]
             print("scaling G", G, scal["group_size"][G], flush=True)
         res["scaling_tiny"] = scal
         plot_scaling(scal, os.path.join(a.out, "scaling.png"))
-    res["meta"]["wall_s"] = time.time() - t_start
-    name = "results_quick" if a.quick else "results"
-    json.dump(res, open(os.path.join(a.out, f"{name}.json"), "w"), indent=1)
-    open(os.path.join(a.out, f"{name}.md"), "w").write(markdown(res, shapes))
+    save()
     print(markdown(res, shapes))
+
+
+def summarise(r, shape, N, G, T, roof, peak_key):
+    """Adds the FLOPs, each phase's achieved throughput and fraction of peak, and the speedups to `r`."""
+    mcfg = model_config(shape)
+    fl = flops(mcfg, N * G, P_LEN, T)
+    ph = r.get("phases_s")
+    peak = roof[peak_key]
+    rate = lambda k, phase: fl[k] / ph[phase] / 1e9
+    r["flops"] = fl
+    r["roofline"] = ph and {
+        "decode": dict(gflops=rate("decode", "rollout"), frac_of_square=rate("decode", "rollout") / peak,
+                       frac_of_decode_shaped=rate("decode", "rollout") /
+                       roof[f"decode_{shape}_{N * G}x{mcfg.hidden_size}x{mcfg.intermediate_size}"]),
+        "ref_forward": dict(gflops=rate("ref_forward", "ref_forward"),
+                            frac_of_square=rate("ref_forward", "ref_forward") / peak),
+        "train": dict(gflops=rate("train", "train"), frac_of_square=rate("train", "train") / peak),
+    }
+    ours = statistics.median([r["ours_none"]["median_step_s"]] +
+                             ([r["ours_none_after"]["median_step_s"]] if "ours_none_after" in r else []))
+    r["ours_step_s"] = ours
+    r["ours_tokens_per_s"] = N * G * T / ours
+    trl = {v: r[f"trl_{v}"]["median_step_s"] for v in TRL_VARIANTS
+           if f"trl_{v}" in r and r[f"trl_{v}"]["median_step_s"] == r[f"trl_{v}"]["median_step_s"]}  # not NaN
+    if trl:
+        r["trl_best_variant"] = min(trl, key=trl.get)
+        r["trl_step_s"] = trl[r["trl_best_variant"]]
+        r["speedup"] = r["trl_step_s"] / ours
+        r["trl_tokens_per_s"] = N * G * T / r["trl_step_s"]
+        if "defaults" in trl:
+            r["trl_defaults_step_s"] = trl["defaults"]
+            r["speedup_vs_trl_defaults"] = trl["defaults"] / ours
+    if "ours_branch" in r:
+        r["branch_over_none"] = r["ours_branch"]["median_step_s"] / r["ours_none"]["median_step_s"]
 
 
 def plot_scaling(scal, path):
@@ -403,24 +462,37 @@ def plot_scaling(scal, path):
 
 
 def markdown(res, shapes):
-    L = ["| shape | rows x T | ours s/step | TRL s/step (fastest config) | speedup | TRL fp32 2 threads | "
-         "TRL fp32 1 thread | TRL defaults (bf16, GC) | ours tok/s | TRL tok/s | branch/none | recompiles |",
-         "|" + "---|" * 12]
+    labels = dict(fp32="TRL fp32", fp32_1thread="TRL fp32 1 thread", bf16="TRL bf16 autocast",
+                  defaults="TRL defaults (bf16, GC)")
+    present = [v for v in TRL_VARIANTS if any(f"trl_{v}" in res[sh] for sh in shapes)]
+    mem = any(res[sh]["ours_none"].get("device_peak_bytes") for sh in shapes)
+    L = ["| shape | rows x T | ours s/step | TRL s/step (fastest config) | speedup | " +
+         "".join(f"{labels[v]} | " for v in present) +
+         "ours tok/s | TRL tok/s | branch/none | recompiles |" + (" ours peak GiB (process) | TRL peak GiB |" if mem else ""),
+         "|" + "---|" * (11 + len(present) - 2 + 2 * mem)]
+    gib = lambda b: f"{b / 2**30:.2f}" if b else "-"
     for sh in shapes:
         r = res[sh]
         f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "-"
         t = lambda v: f"{r['trl_' + v]['median_step_s']:.3f}" if "trl_" + v in r else "-"
-        rec = max(r["ours_none"]["compiles_after_first_step"], r["ours_branch"]["compiles_after_first_step"])
-        L.append(f"| {sh} | {r['rows']} x {r['completion_len']} | {f('ours_step_s')} | "
-                 f"{f('trl_step_s')} ({r.get('trl_best_variant', '-')}) | {f('speedup', '{:.2f}x')} | "
-                 f"{t('fp32')} | {t('fp32_1thread')} | {t('defaults')} | "
-                 f"{f('ours_tokens_per_s', '{:,.0f}')} | {f('trl_tokens_per_s', '{:,.0f}')} | "
-                 f"{r['branch_over_none']:.2f} | {rec} |")
+        rec = max(r[k]["compiles_after_first_step"] for k in r if k.startswith("ours_") and isinstance(r[k], dict))
+        row = (f"| {sh} | {r['rows']} x {r['completion_len']} | {f('ours_step_s')} | "
+               f"{f('trl_step_s')} ({r.get('trl_best_variant', '-')}) | {f('speedup', '{:.2f}x')} | " +
+               "".join(f"{t(v)} | " for v in present) +
+               f"{f('ours_tokens_per_s', '{:,.0f}')} | {f('trl_tokens_per_s', '{:,.0f}')} | "
+               f"{f('branch_over_none', '{:.2f}')} | {rec} |")
+        if mem:
+            best = r.get(f"trl_{r.get('trl_best_variant')}", {})  # the fastest TRL configuration's peak
+            ours_peak = max(r[k].get("device_peak_bytes") or 0 for k in r if k.startswith("ours_") and isinstance(r[k], dict))
+            row += f" {gib(ours_peak)} | {gib(best.get('cuda_peak_bytes'))} |"
+        L.append(row)
+    pk = res["meta"].get("peak_key", "square_2048")
     L += ["", "Phases of our step (separately jitted, median s) and roofline "
-          f"(fp32 matmul 2048^3: {res['matmul_gflops']['square_2048']:.0f} GFLOP/s):", "",
+          f"({res['meta'].get('dtype', 'float32')} matmul {pk.split('_')[1]}^3: "
+          f"{res['matmul_gflops'][pk]:.0f} GFLOP/s):", "",
           "| shape | rollout | reward | ref fwd | train (fwd+bwd+adamw) | sum | fused | decode GFLOP/s (frac) | "
           "ref fwd GFLOP/s (frac) | train GFLOP/s (frac) |", "|" + "---|" * 10]
-    for sh in shapes:
+    for sh in (sh for sh in shapes if "phases_s" in res[sh]):
         r = res[sh]
         p, rf = r["phases_s"], r["roofline"]
         g = lambda k: f"{rf[k]['gflops']:.0f} ({100 * rf[k]['frac_of_square']:.0f}%)"

@@ -1,4 +1,4 @@
-"""TRL side of the RL-step benchmark: GRPOTrainer (beta > 0, no vLLM, fp32, CPU) timed per step.
+"""TRL side of the RL-step benchmark: GRPOTrainer (beta > 0, no vLLM, fp32 or bf16, CPU or CUDA) timed per step.
 
 Run by the TRL virtual environment's python (bench.py creates it and calls this script):
 
@@ -32,7 +32,8 @@ from reward import count_ones  # noqa: E402  (the same reward function as the JA
 class StepTimer(TrainerCallback):
     """Step i's time = its end stamp minus the previous one (train begin for the first)."""
 
-    def __init__(self, partial_out):
+    def __init__(self, partial_out, cuda):
+        self.cuda = cuda
         self.stamps = []
         self.lengths = []
         self.partial_out = partial_out
@@ -41,6 +42,8 @@ class StepTimer(TrainerCallback):
         self.stamps.append(time.perf_counter())
 
     def on_step_end(self, args, state, control, **kw):
+        if self.cuda:  # the step's kernels are queued asynchronously: stamp when they have run
+            torch.cuda.synchronize()
         self.stamps.append(time.perf_counter())
         # Written after every step, so a caller that times out still gets the steps done so far.
         steps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
@@ -62,12 +65,14 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--beta", type=float, default=0.04)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variant", default="fp32", choices=("fp32", "defaults"),
-                    help="fp32: bf16=False, no gradient checkpointing (like ours); defaults: TRL's own "
-                         "(bf16 autocast, gradient checkpointing)")
+    ap.add_argument("--variant", default="fp32", choices=("fp32", "bf16", "defaults"),
+                    help="fp32: bf16=False, no gradient checkpointing (like ours); bf16: bf16 autocast, no "
+                         "gradient checkpointing; defaults: TRL's own (bf16 autocast, gradient checkpointing)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 = torch's default")
     a = ap.parse_args()
-    fast = a.variant == "fp32"
+    bf16, checkpointing = a.variant != "fp32", a.variant == "defaults"
+    cuda = a.device == "cuda"
     if a.threads:
         torch.set_num_threads(a.threads)
 
@@ -78,7 +83,7 @@ def main():
     rows = len(prompts) * a.group
     with tempfile.TemporaryDirectory() as tmp:
         cfg = GRPOConfig(
-            output_dir=tmp, use_cpu=True, bf16=not fast, fp16=False, gradient_checkpointing=not fast,
+            output_dir=tmp, use_cpu=not cuda, bf16=bf16, fp16=False, gradient_checkpointing=checkpointing,
             learning_rate=a.lr, beta=a.beta, num_generations=a.group, per_device_train_batch_size=rows,
             gradient_accumulation_steps=1, num_iterations=1, max_completion_length=a.completion_len,
             # Full-length completions: the EOS logit is masked until max_completion_length tokens exist.
@@ -88,7 +93,7 @@ def main():
             lr_scheduler_type="constant", warmup_steps=0, seed=0, dataloader_num_workers=0,
             disable_tqdm=True, log_completions=False,
         )
-        timer = StepTimer(a.out)
+        timer = StepTimer(a.out, cuda)
         ds = Dataset.from_dict({"prompt": prompts})
         trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: count_ones(completions, None).tolist(),
                               args=cfg, train_dataset=ds, processing_class=tok, callbacks=[timer])
@@ -98,7 +103,8 @@ def main():
     res = dict(trl_version=trl.__version__, transformers_version=transformers.__version__,
                torch_version=torch.__version__, torch_threads=torch.get_num_threads(), step_s=steps,
                median_step_s=statistics.median(timed), completion_lengths=timer.lengths,
-               rows=rows, completion_len=a.completion_len, variant=a.variant)
+               rows=rows, completion_len=a.completion_len, variant=a.variant, device=a.device,
+               cuda_peak_bytes=torch.cuda.max_memory_allocated() if cuda else None)
     json.dump(res, open(a.out, "w"), indent=1)
     print(json.dumps(res))
 
