@@ -361,7 +361,7 @@ def main():
         sh = SHAPES[shape]
         ckpt = write_checkpoint(shape, a.workdir)
         T, G, N = sh["T"], sh["group"], sh["prompts"]
-        r = dict(rows=N * G, completion_len=T, prompt_len=P_LEN)
+        r = res[shape] = dict(rows=N * G, completion_len=T, prompt_len=P_LEN)
         warmup, steps = counts[shape]
         for guide in a.guides.split(","):
             s = Setup(ckpt, T, G, guide, N, a.dtype)
@@ -371,6 +371,8 @@ def main():
                 r["phases_s"] = time_phases(s, reps=2)
                 print(shape, "phases", r["phases_s"], flush=True)
             del s
+        summarise(r, shape, N, G, T, roof, peak_key)
+        save()  # ours, before TRL: a TRL run cut short by the caller's timeout must not take our numbers along
         if py:
             tw, ts = (1, 3) if a.quick or accel else (2, 4) if shape == "tiny" else (1, 2)
             for variant in variants or default_trl_variants(shape, a.dtype, accel):
@@ -384,7 +386,6 @@ def main():
                 r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
                 del s
         summarise(r, shape, N, G, T, roof, peak_key)
-        res[shape] = r
         save()
 
     if not (a.quick or a.no_scaling):

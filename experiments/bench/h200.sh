@@ -2,8 +2,10 @@
 # The RL-step benchmark on one offline NVIDIA GPU machine (the H200 run in README.md), both sides under the
 # machine's own python3 (JAX with CUDA, torch with CUDA). What that image lacks travels as wheels in .whl/:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 -d .whl flax==0.12.8 optax==0.2.8 trl==1.16.0 datasets==5.2.0 \
+#     --platform manylinux_2_28_x86_64 -d .whl optax==0.2.8 trl==1.16.0 datasets==5.2.0 \
 #     dill==0.4.1 multiprocess==0.70.19 pyarrow==26.0.1
+# flax comes from the image, matched to its JAX: our CPU pin (flax 0.12.8) does not import on JAX 0.11.
+# /tmp/site is made anew each time, so a reused machine never keeps an earlier run's packages.
 # Then, on the GPU machine, from the repository root: OUT=/some/dir bash experiments/bench/h200.sh
 set -u
 OUT=${OUT:-/tmp/bench_out}
@@ -13,8 +15,9 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TOKENIZERS_PARALLE
 
 # pyarrow only where the image's is older than datasets 5.2 needs.
 new_pa=$(python3 -c "import pyarrow; print(int(pyarrow.__version__.split('.')[0]) >= 24)" 2>/dev/null)
-whls=$(ls .whl/*.whl | grep -v pyarrow)
+whls=$(ls .whl/*.whl | grep -v -e pyarrow -e flax)
 [ "$new_pa" = True ] || whls="$whls $(ls .whl/pyarrow-*.whl)"
+rm -rf /tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $whls \
   || exit 1
 export PYTHONPATH=/tmp/site
