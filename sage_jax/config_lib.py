@@ -83,6 +83,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.num_minibatches = 1
     c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
     c.rl.logp_chunk = 256  # tokens per chunk of the log-prob pass
+    c.rl.share_prompt = True  # each prompt's forward once per group (prefill, reference, policy pass)
     c.rl.reward = "exact_match"  # reward spec, e.g. "math_verify" or "math_verify:1.0,format:0.1"
 
     c.sage = ml_collections.ConfigDict()
@@ -204,7 +205,7 @@ def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
                         num_minibatches=c.rl.num_minibatches,
                         grad_accum_steps=c.rl.get("grad_accum_steps", 1),
                         max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
-                        remat=c.model.get("remat", "none"))
+                        share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"))
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

@@ -64,3 +64,31 @@ def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_
     hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS)
     h = hidden[:, completion_start - 1:-1]
     return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature)
+
+
+def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, completion_BxT: Array,
+                         completion_mask_BxT: Array, chunk: int = 256,
+                         temperature: float = 1.0) -> tuple[Array, Array]:
+    """`sequence_logp_entropy` of B = N * G rows whose row b is prompt b // G + completion b, with each
+    prompt's forward pass done once for its group (its keys / values shared by the G rows).
+
+    The same numbers as the repeated-prompt call (up to float reassociation), gradients included (they
+    reach the shared prompt positions summed over the group); the prompt positions cost N rows instead
+    of B, and the completion queries attend over P + T keys without scoring P x (P + T) prompt queries.
+    """
+    from sage_jax.models.decoder import init_cache, positions_from_mask, repeat_cache
+
+    (N, P), (B, T) = prompt_NxP.shape, completion_BxT.shape
+    G = B // N
+    if N * G != B:
+        raise ValueError(f"{B} completion rows are not a whole number of groups of the {N} prompts")
+    pmask = prompt_mask_NxP.astype(jnp.int32)
+    cache = init_cache(model.cfg, N, P, model.dtype)
+    hidden_p, cache = model.forward(prompt_NxP, positions_from_mask(pmask), pmask, cache, 0)
+    cache = repeat_cache(cache, G, T)
+    full_mask = jnp.concatenate([jnp.repeat(pmask, G, axis=0), completion_mask_BxT.astype(jnp.int32)], axis=1)
+    positions = positions_from_mask(full_mask)[:, P:]
+    hidden_c, _ = model.forward(completion_BxT, positions, full_mask, cache, P)
+    # The prompt's last position predicts completion token 0; completion position t predicts t + 1.
+    h = jnp.concatenate([jnp.repeat(hidden_p[:, -1:], G, axis=0), hidden_c[:, :-1]], axis=1)
+    return token_logp_entropy(h, model.unembed_matrix(), completion_BxT, chunk, temperature)

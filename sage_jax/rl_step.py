@@ -37,7 +37,7 @@ from flax import nnx
 from sage_jax import guides, losses
 from sage_jax import sharding as shd
 from sage_jax.advantages import group_advantages
-from sage_jax.logprobs import sequence_logp_entropy
+from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import positions_from_mask
 from sage_jax.reward_host import HostReward, host_rewards
@@ -60,6 +60,10 @@ class RLConfig:
     max_steps: int = 1000  # optimizer steps of the run (guide schedules)
     logp_chunk: int = 256  # sequence chunk of the log-prob / entropy pass, tokens
     remat: str | None = None  # training-forward remat per block: none | full | dots; None = the model's own
+    # Each prompt's forward pass once per group, its keys / values shared by the G rows: in the rollout's
+    # prefill, the reference pass and the policy pass (the latter when a micro-batch holds whole groups).
+    # The same numbers either way; False repeats the prompt G times (the reference implementation).
+    share_prompt: bool = True
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -265,7 +269,12 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
 
     # ---- rollout and reward
     policy = merge(jax.lax.stop_gradient(state.params))
-    out = generate(policy, prompt, pmask, k_sample, cfg.sampling)
+    if cfg.share_prompt:
+        one = lambda x: shd.constrain(x, ("batch", None))
+        prompt_N, pmask_N = one(batch["prompt"]), one(batch["prompt_mask"])
+        out = generate(policy, prompt_N, pmask_N, k_sample, cfg.sampling, group_size=G)
+    else:
+        out = generate(policy, prompt, pmask, k_sample, cfg.sampling)
     cmask = out.mask_BxT
     rewards, failed = host_rewards(reward_host, out.tokens_BxT, cmask, answers, mesh)
     adv, adv_metrics = group_advantages(rewards, G, cfg.scale_rewards)
@@ -278,7 +287,8 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
         ref_model = merge(ref_params)
         ref_logp, ref_ent = jax.lax.stop_gradient(
-            sequence_logp_entropy(ref_model, tokens, fmask, P, cfg.logp_chunk, temp))
+            grouped_logp_entropy(ref_model, prompt_N, pmask_N, out.tokens_BxT, cmask, cfg.logp_chunk, temp)
+            if cfg.share_prompt else sequence_logp_entropy(ref_model, tokens, fmask, P, cfg.logp_chunk, temp))
 
     A = cfg.grad_accum_steps
     if (B // M) % A:
@@ -286,6 +296,8 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     rows = B // M // A  # rows of one micro-batch (= one minibatch without accumulation)
     # micro-batch index i over the whole batch: minibatch i // A, micro-batch i % A within it
     take = lambda x, i: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
+    share_train = cfg.share_prompt and rows % G == 0  # a micro-batch of whole groups
+    take_prompts = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * (rows // G), rows // G, axis=0)
 
     def loss_fn(params, i, step, gkey):
         model = merge(params)
@@ -294,7 +306,11 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         if frozen is not None and model.lora_cfg.dropout > 0:
             lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
         tok, fm, cm = take(tokens, i), take(fmask, i), take(cmask, i)
-        logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
+        if share_train:
+            logp, ent = grouped_logp_entropy(model, take_prompts(prompt_N, i), take_prompts(pmask_N, i),
+                                             take(out.tokens_BxT, i), cm, cfg.logp_chunk, temp)
+        else:
+            logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
         inputs = guides.GuideInputs(mask_BxT=cm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))

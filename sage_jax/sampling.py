@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from sage_jax import sharding as shd
-from sage_jax.models.decoder import init_cache, positions_from_mask
+from sage_jax.models.decoder import init_cache, positions_from_mask, repeat_cache
 
 Array = jax.Array
 
@@ -103,18 +103,24 @@ def _is_stop(tok_B: Array, cfg: SamplingConfig) -> Array:
     return jnp.isin(tok_B, jnp.asarray(cfg.eos_ids, jnp.int32))
 
 
-def generate(model, prompt_BxP: Array, prompt_mask_BxP: Array, key: Array, cfg: SamplingConfig,
-             cache_dtype=None) -> SampleOutput:
-    """Samples up to T tokens per row. `model` is a Decoder (merged inside the caller's jit)."""
-    B, P = prompt_BxP.shape
-    T = cfg.max_new_tokens
+def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: SamplingConfig,
+             cache_dtype=None, group_size: int = 1) -> SampleOutput:
+    """Samples up to T tokens for each of B = N * group_size rows (row b continues prompt b // group_size).
+
+    `model` is a Decoder (merged inside the caller's jit). Each prompt is prefilled once and its cache is
+    shared by its group's rows, which is the same as prefilling `jnp.repeat(prompt, group_size, 0)`.
+    """
+    N, P = prompt_NxP.shape
+    B, T = N * group_size, cfg.max_new_tokens
     mcfg = model.cfg
-    cache = init_cache(mcfg, B, P + T, cache_dtype or model.dtype)
-    prompt_mask_BxP = prompt_mask_BxP.astype(jnp.int32)
-    kv_mask_BxS = jnp.concatenate([prompt_mask_BxP, jnp.ones((B, T), jnp.int32)], axis=1)
-    hidden, cache = model.forward(prompt_BxP, positions_from_mask(prompt_mask_BxP), kv_mask_BxS, cache, 0)
-    logits = model.logits(hidden[:, -1:])[:, 0]
-    prompt_len_B = jnp.sum(prompt_mask_BxP, axis=1)
+    rep = lambda x: jnp.repeat(x, group_size, axis=0)
+    prompt_mask_NxP = prompt_mask_NxP.astype(jnp.int32)
+    cache = init_cache(mcfg, N, P, cache_dtype or model.dtype)
+    hidden, cache = model.forward(prompt_NxP, positions_from_mask(prompt_mask_NxP), prompt_mask_NxP, cache, 0)
+    cache = repeat_cache(cache, group_size, T)
+    logits = rep(model.logits(hidden[:, -1:])[:, 0])
+    kv_mask_BxS = jnp.concatenate([rep(prompt_mask_NxP), jnp.ones((B, T), jnp.int32)], axis=1)
+    prompt_len_B = rep(jnp.sum(prompt_mask_NxP, axis=1))
 
     tok, lp, ent = sample_token(logits, jax.random.fold_in(key, 0), cfg)
     zeros_f = jnp.zeros((B, T), jnp.float32)

@@ -10,7 +10,7 @@ import pytest
 from rl_fixtures import batch, count_ones, setup
 from sage_jax import guides, losses
 from sage_jax import rl_step as R
-from sage_jax.logprobs import sequence_logp_entropy
+from sage_jax.logprobs import grouped_logp_entropy
 from flax import nnx
 
 
@@ -61,9 +61,10 @@ def test_beta_zero_compiles_no_reference_forward():
         return _count_dots(jax.make_jaxpr(fn)(s, b).jaxpr)
 
     model = nnx.merge(g0, s0.params)
-    toks = jnp.zeros((16, 24), jnp.int32)
-    one_forward = _count_dots(jax.make_jaxpr(
-        lambda t: sequence_logp_entropy(model, t, jnp.ones_like(t), 8, 256))(toks).jaxpr)
+    prompts, completions = jnp.zeros((16 // cfg1.group_size, 8), jnp.int32), jnp.zeros((16, 16), jnp.int32)
+    one_forward = _count_dots(jax.make_jaxpr(  # the reference pass shares each prompt across its group
+        lambda p, c: grouped_logp_entropy(model, p, jnp.ones_like(p), c, jnp.ones_like(c), 256))(
+            prompts, completions).jaxpr)
     assert dots(cfg1, g1, s1) - dots(cfg0, g0, s0) == one_forward
 
 

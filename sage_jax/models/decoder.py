@@ -250,7 +250,9 @@ class Decoder(nnx.Module):
         x = act(jnp.take(self.embed[...], tokens_BxT, axis=0).astype(self.dtype))
         cos, sin = rope_cos_sin(self.cfg, positions_BxT)
         new_cache = [] if cache is not None else None
-        call = _block_call(self.remat if cache is None else "none")
+        # One-token decode steps never remat (no backward pass); a multi-token chunk over a cache may be
+        # trained through (the prompt-shared scoring in sage_jax.logprobs), so it remats like a cache-free call.
+        call = _block_call(self.remat if cache is None or tokens_BxT.shape[1] > 1 else "none")
         for i, layer in enumerate(self.layers):
             x, c = call(layer, x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
             x = act(x)
@@ -274,6 +276,18 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> 
     shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
     return shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                                 for _ in range(cfg.num_layers)])
+
+
+def repeat_cache(cache: list[dict[str, Array]], group: int, extra_slots: int) -> list[dict[str, Array]]:
+    """An N-row cache of S slots -> N*group rows (each row `group` times, in order) of S + extra_slots.
+
+    The prompt of a group is prefilled once and its keys / values are shared by the group's rows; the
+    empty slots that follow receive the completion tokens.
+    """
+    def grow(x):
+        x = jnp.repeat(x, group, axis=0)
+        return jnp.pad(x, ((0, 0), (0, 0), (0, extra_slots), (0, 0)))
+    return shd.constrain_cache([{name: grow(x) for name, x in c.items()} for c in cache])
 
 
 def param_count(model: nnx.Module) -> int:
