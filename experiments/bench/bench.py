@@ -39,7 +39,7 @@ from reward import count_ones  # noqa: E402
 from sage_jax import guides, losses, optim  # noqa: E402
 from sage_jax import rl_step as R  # noqa: E402
 from sage_jax.advantages import group_advantages  # noqa: E402
-from sage_jax.logprobs import sequence_logp_entropy  # noqa: E402
+from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
 from sage_jax.models import hf  # noqa: E402
 from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
@@ -97,9 +97,10 @@ def make_batch(tok, n):
                 answer=jnp.asarray(encode_answers(tok, ["0"] * n, 4)))
 
 
-def rl_config(T, G, guide):
+def rl_config(T, G, guide, share_prompt=True):
     return R.RLConfig(group_size=G, sampling=SamplingConfig(max_new_tokens=T, temperature=1.0, eos_ids=(), pad_id=0),
-                      loss=losses.LossConfig(beta=BETA, loss_type="grpo"), guide=guide, scale_rewards="group")
+                      loss=losses.LossConfig(beta=BETA, loss_type="grpo"), guide=guide, scale_rewards="group",
+                      share_prompt=share_prompt)
 
 
 def optimizer():
@@ -108,11 +109,11 @@ def optimizer():
 
 
 class Setup:
-    def __init__(self, ckpt, T, G, guide, n_prompts, dtype="float32"):
+    def __init__(self, ckpt, T, G, guide, n_prompts, dtype="float32", share_prompt=True):
         self.tok = char_tokenizer()
         # Parameters stay float32 (the optimizer's master copy); `dtype` is the compute dtype, like torch AMP.
         model, self.mcfg = hf.load(ckpt, dtype=jnp.dtype(dtype), param_dtype=jnp.float32)
-        self.cfg = rl_config(T, G, guide)
+        self.cfg = rl_config(T, G, guide, share_prompt)
         self.tx, self.lr_fn = optimizer()
         self.host = HostReward(self.tok, count_ones)
         self.graphdef, self.state = R.init_train_state(model, self.cfg, self.tx, seed=0)
@@ -151,18 +152,26 @@ def phase_fns(s: Setup):
     g, cfg, G = s.graphdef, s.cfg, s.G
     P = P_LEN
 
+    # As in rl_step (cfg.share_prompt): each prompt's forward once per group, or the prompt repeated G times.
+    def score(model, prompt, pmask, tokens, fmask, cmask):
+        if cfg.share_prompt:
+            return grouped_logp_entropy(model, prompt, pmask, tokens[:, P:], cmask, cfg.logp_chunk, 1.0)
+        return sequence_logp_entropy(model, tokens, fmask, P, cfg.logp_chunk, 1.0)
+
     @jax.jit
     def rollout(params, prompt, pmask, key):
         rep = lambda x: jnp.repeat(x, G, axis=0)
-        out = generate(nnx.merge(g, params), rep(prompt), rep(pmask), key, cfg.sampling)
+        model = nnx.merge(g, params)
+        out = (generate(model, prompt, pmask, key, cfg.sampling, group_size=G) if cfg.share_prompt else
+               generate(model, rep(prompt), rep(pmask), key, cfg.sampling))
         return out.tokens_BxT, out.mask_BxT, out.logp_BxT
 
     @jax.jit
-    def ref_forward(ref_params, tokens, fmask):
-        return sequence_logp_entropy(nnx.merge(g, ref_params), tokens, fmask, P, cfg.logp_chunk, 1.0)
+    def ref_forward(ref_params, prompt, pmask, tokens, fmask, cmask):
+        return score(nnx.merge(g, ref_params), prompt, pmask, tokens, fmask, cmask)
 
-    def loss_fn(params, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key):
-        logp, ent = sequence_logp_entropy(nnx.merge(g, params), tokens, fmask, P, cfg.logp_chunk, 1.0)
+    def loss_fn(params, prompt, pmask, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key):
+        logp, ent = score(nnx.merge(g, params), prompt, pmask, tokens, fmask, cmask)
         inputs = guides.GuideInputs(mask_BxT=cmask, step=step, max_steps=cfg.max_steps, key=key, entropy_BxT=ent,
                                     logp_BxT=jax.lax.stop_gradient(logp), ref_logp_BxT=ref_logp,
                                     ref_entropy_BxT=ref_ent)
@@ -172,8 +181,8 @@ def phase_fns(s: Setup):
         return loss
 
     @jax.jit
-    def train(params, opt_state, step, tokens, fmask, cmask, adv, ref_logp, ref_ent, key):
-        grads = jax.grad(loss_fn)(params, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key)
+    def train(params, opt_state, step, prompt, pmask, tokens, fmask, cmask, adv, ref_logp, ref_ent, key):
+        grads = jax.grad(loss_fn)(params, prompt, pmask, tokens, fmask, cmask, adv, ref_logp, ref_ent, step, key)
         upd, opt_state = s.tx.update(grads, opt_state, params)
         return optax.apply_updates(params, upd), opt_state
 
@@ -201,10 +210,11 @@ def time_phases(s: Setup, reps: int):
         adv, _ = group_advantages(jnp.asarray(rewards), s.G, "group")
         jax.block_until_ready((full, fmask, adv))
         t3 = time.perf_counter()
-        ref_logp, ref_ent = jax.block_until_ready(ref_forward(st.ref_params, full, fmask))
+        pr = (b["prompt"], b["prompt_mask"])
+        ref_logp, ref_ent = jax.block_until_ready(ref_forward(st.ref_params, *pr, full, fmask, cmask))
         t4 = time.perf_counter()
-        out = jax.block_until_ready(train(st.params, st.opt_state, st.step, full, fmask, cmask, adv, ref_logp,
-                                          ref_ent, key))
+        out = jax.block_until_ready(train(st.params, st.opt_state, st.step, *pr, full, fmask, cmask, adv,
+                                          ref_logp, ref_ent, key))
         t5 = time.perf_counter()
         del out
         if i:
@@ -227,16 +237,24 @@ def matmul_gflops(m, k, n, reps=5, dtype=jnp.float32):
     return 2 * m * k * n / min(ts) / 1e9
 
 
-def flops(mcfg, B, P, T):
-    """Matmul FLOPs of each phase as the dense implementation executes them (attention over all S slots)."""
+def flops(mcfg, B, P, T, N=None):
+    """Matmul FLOPs of each phase as the dense implementation executes them (attention over all slots).
+
+    N: rows that run the prompt positions (the number of prompts under prompt sharing; B without it).
+    """
     D, F, L, V = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_layers, mcfg.vocab_size
     H, K, Dh = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim
     body = L * (D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F)  # matmul weights per token
     attn = lambda q, s: 4 * L * H * Dh * q * s  # scores + weighted sum
     S = P + T
-    # Rollout: prefill P tokens (LM head on the last one), then T - 1 decode steps over the S-slot cache.
-    decode = B * (2 * body * P + attn(P, S) + 2 * D * V) + (T - 1) * B * (2 * body + attn(1, S) + 2 * D * V)
-    fwd = B * (2 * body * S + attn(S, S) + 2 * D * V * T)  # full-sequence forward, LM head on the T outputs
+    if N is None or N == B:  # prompt repeated: one dense S x S pass per row
+        prefill = B * (2 * body * P + attn(P, S) + 2 * D * V)
+        fwd = B * (2 * body * S + attn(S, S) + 2 * D * V * T)  # LM head on the T outputs
+    else:  # the prompt's P x P pass on N rows; the completion's T x S pass on B rows
+        prefill = N * (2 * body * P + attn(P, P) + 2 * D * V)
+        fwd = N * (2 * body * P + attn(P, P)) + B * (2 * body * T + attn(T, S) + 2 * D * V * T)
+    # Rollout: the prefill (LM head on the last prompt token), then T - 1 decode steps over S cache slots.
+    decode = prefill + (T - 1) * B * (2 * body + attn(1, S) + 2 * D * V)
     return dict(decode=decode, ref_forward=fwd, train=3 * fwd, params_matmul=body + D * V)
 
 
@@ -309,6 +327,8 @@ def main():
     ap.add_argument("--trl-variants", default=None, help=f"comma-separated, of {sorted(TRL_VARIANTS)}")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase breakdown and roofline")
+    ap.add_argument("--no-share-prompt", action="store_true",
+                    help="repeat each prompt G times in every pass (rl.share_prompt=False)")
     ap.add_argument("--guides", default="none,branch", help="comma-separated guides to time; none is the baseline")
     a = ap.parse_args()
     shapes = (a.shapes or ("tiny" if a.quick else "tiny,small")).split(",")
@@ -331,7 +351,7 @@ def main():
     dev = jax.devices()[0]
     res = dict(meta=dict(jax=jax.__version__, backend=jax.default_backend(), device=dev.device_kind,
                          cpus=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""), quick=a.quick,
-                         dtype=a.dtype, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
+                         dtype=a.dtype, share_prompt=not a.no_share_prompt, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
 
     # Roofline: the machine's matmul throughput in the compute dtype, measured now (the machine is shared).
     mm_dtype = jnp.dtype(a.dtype)
@@ -364,14 +384,14 @@ def main():
         r = res[shape] = dict(rows=N * G, completion_len=T, prompt_len=P_LEN)
         warmup, steps = counts[shape]
         for guide in a.guides.split(","):
-            s = Setup(ckpt, T, G, guide, N, a.dtype)
+            s = Setup(ckpt, T, G, guide, N, a.dtype, not a.no_share_prompt)
             r[f"ours_{guide}"] = time_fused(s, warmup, steps)
             print(shape, guide, {k: v for k, v in r[f"ours_{guide}"].items() if k != "step_s"}, flush=True)
             if guide == "none" and not a.no_phases:
                 r["phases_s"] = time_phases(s, reps=2)
                 print(shape, "phases", r["phases_s"], flush=True)
             del s
-        summarise(r, shape, N, G, T, roof, peak_key)
+        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt)
         save()  # ours, before TRL: a TRL run cut short by the caller's timeout must not take our numbers along
         if py:
             tw, ts = (1, 3) if a.quick or accel else (2, 4) if shape == "tiny" else (1, 2)
@@ -382,21 +402,21 @@ def main():
                                               timeout_s=180 if shape == "tiny" or accel else 300)
                 print(shape, "trl", variant, r[f"trl_{variant}"]["median_step_s"], flush=True)
             if not accel:  # ours once more after TRL: this CPU is shared, so bracket TRL's run with ours
-                s = Setup(ckpt, T, G, "none", N, a.dtype)
+                s = Setup(ckpt, T, G, "none", N, a.dtype, not a.no_share_prompt)
                 r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
                 del s
-        summarise(r, shape, N, G, T, roof, peak_key)
+        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt)
         save()
 
     if not (a.quick or a.no_scaling):
         ckpt = write_checkpoint("tiny", a.workdir)
         scal = dict(completion_len={}, group_size={})
         for T in (64, 128, 256, 512):
-            s = Setup(ckpt, T, 8, "none", 8, a.dtype)
+            s = Setup(ckpt, T, 8, "none", 8, a.dtype, not a.no_share_prompt)
             scal["completion_len"][T] = time_fused(s, 1, 2)["median_step_s"]
             print("scaling T", T, scal["completion_len"][T], flush=True)
         for G in (4, 8, 16, 32):
-            s = Setup(ckpt, 64, G, "none", 8, a.dtype)
+            s = Setup(ckpt, 64, G, "none", 8, a.dtype, not a.no_share_prompt)
             scal["group_size"][G] = time_fused(s, 1, 2)["median_step_s"]
             print("scaling G", G, scal["group_size"][G], flush=True)
         res["scaling_tiny"] = scal
@@ -405,10 +425,10 @@ def main():
     print(markdown(res, shapes))
 
 
-def summarise(r, shape, N, G, T, roof, peak_key):
+def summarise(r, shape, N, G, T, roof, peak_key, share_prompt):
     """Adds the FLOPs, each phase's achieved throughput and fraction of peak, and the speedups to `r`."""
     mcfg = model_config(shape)
-    fl = flops(mcfg, N * G, P_LEN, T)
+    fl = flops(mcfg, N * G, P_LEN, T, N if share_prompt else None)
     ph = r.get("phases_s")
     peak = roof[peak_key]
     rate = lambda k, phase: fl[k] / ph[phase] / 1e9
