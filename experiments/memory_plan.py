@@ -102,9 +102,11 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
     from sage_jax.models.config import ModelConfig
     from sage_jax.models.decoder import Decoder
 
-    mcfg = ModelConfig(model_type="qwen2", head_dim=128, qkv_bias=True, rms_norm_eps=1e-6, rope_theta=10000.0,
-                       max_position_embeddings=4096, eos_token_ids=(151643,), pad_token_id=151643,
-                       **{**MODELS[model], "num_layers": layers})
+    spec = MODELS[model]
+    mcfg = ModelConfig(model_type="qwen2", head_dim=spec["hidden_size"] // spec["num_heads"], qkv_bias=True,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
+                       eos_token_ids=(151643,), pad_token_id=151643,
+                       **{**spec, "num_layers": layers})
     cfg = R.RLConfig(group_size=GROUP, sampling=R.SamplingConfig(max_new_tokens=T, eos_ids=(151643, 151645),
                                                                  pad_id=151643),
                      loss=losses.LossConfig(beta=0.05), guide="branch", num_minibatches=minibatches,

@@ -19,7 +19,7 @@ MINMAX_PERCENTILES = (5.0, 95.0)
 NORMS = ("minmax", "rank", "zscore")
 
 
-def _float_dtype(x: Array) -> jnp.dtype:
+def float_dtype(x: Array) -> jnp.dtype:
     # Compute at least in float32 (bf16 inputs), keep float64 when x64 is on.
     return jnp.promote_types(jnp.asarray(x).dtype, jnp.float32)
 
@@ -59,7 +59,7 @@ def normalize_per_sequence(x_BxT: Array, mask_BxT: Array, norm: str = "minmax") 
     """
     if norm not in NORMS:
         raise ValueError(f"unknown norm={norm!r}; expected one of {NORMS}")
-    dtype = _float_dtype(x_BxT)
+    dtype = float_dtype(x_BxT)
     m = mask_BxT.astype(bool)
     x = jnp.where(m, x_BxT.astype(dtype), jnp.zeros((), dtype))
     zero = jnp.zeros((), dtype)

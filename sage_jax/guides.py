@@ -67,8 +67,9 @@ import jax
 import jax.numpy as jnp
 
 from sage_jax.guide_norm import (  # noqa: F401  (re-exported: part of this module's interface)
-    MINMAX_PERCENTILES, NORMS, ZSCORE_EPS, _float_dtype, normalize_per_sequence,
+    MINMAX_PERCENTILES, NORMS, ZSCORE_EPS, normalize_per_sequence,
 )
+from sage_jax.guide_norm import float_dtype
 
 Array = jax.Array
 
@@ -114,7 +115,7 @@ def branch_q(
     ``entropy`` in nats; ``ratio`` in q per nat above ``threshold`` (nats).
     """
     _check_range(q_min, q_max)
-    dtype = _float_dtype(entropy)
+    dtype = float_dtype(entropy)
     m = mask.astype(bool)
     h = jax.lax.stop_gradient(jnp.where(m, entropy.astype(dtype), jnp.zeros((), dtype)))
     q = 1.0 + ratio * jax.nn.relu(h - threshold)
@@ -137,7 +138,7 @@ def token_q(
     ``eps = jax.random.normal(key, (B, T))``. ``alpha``, ``sigma`` may be traced (schedules).
     """
     _check_range(q_min, q_max)
-    dtype = _float_dtype(surprisal)
+    dtype = float_dtype(surprisal)
     m = mask.astype(bool)
     s = jax.lax.stop_gradient(surprisal.astype(dtype))
     w = normalize_per_sequence(s, m, norm)
@@ -413,7 +414,7 @@ def _token_guide(cfg: TokenConfig, inputs: GuideInputs) -> Array:
 @register_guide("random", RandomConfig)
 def _random_guide(cfg: RandomConfig, inputs: GuideInputs) -> Array:
     sched = cfg.schedule(inputs.step, inputs.max_steps)
-    dtype = jnp.float32 if inputs.logp_BxT is None else _float_dtype(inputs.logp_BxT)
+    dtype = jnp.float32 if inputs.logp_BxT is None else float_dtype(inputs.logp_BxT)
     return random_q(inputs.mask_BxT, inputs.key, sched["eps"], sched["sigma"], cfg.q_min,
                     cfg.q_max, dtype=dtype)
 
