@@ -26,13 +26,17 @@ def batch():
     return dict(prompt=jnp.asarray(p), prompt_mask=jnp.asarray(m), answer=jnp.asarray(encode_answers(TOK, ANSWERS, 8)))
 
 
-def setup(reward_fn=count_ones, seed=0, lr=1e-3, **rl):
+def setup(reward_fn=count_ones, seed=0, lr=1e-3, tx=None, **rl):
+    """(cfg, graphdef, state, jitted step); `tx`: an optax optimizer in place of AdamW at `lr`."""
     rl.setdefault("group_size", 4)
     rl.setdefault("sampling", SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0))
     rl.setdefault("loss", losses.LossConfig(beta=0.04))
     cfg = R.RLConfig(**rl)
     model = Decoder(tiny_config(hidden_size=64, num_layers=2), rngs=nnx.Rngs(seed))
-    tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=lr))
+    if tx is None:
+        tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=lr))
+    else:
+        lr_fn = lambda step: jnp.float32(lr)
     graphdef, state = R.init_train_state(model, cfg, tx, seed)
     step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(TOK, reward_fn))
     return cfg, graphdef, state, step

@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rl_fixtures import batch
+from rl_fixtures import batch, setup
 from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
@@ -87,21 +87,11 @@ def test_generate_with_group_size_matches_repeated_prompts(model):
 def _sgd_step(**rl):
     """One RL step under plain SGD (lr 1), so the parameter change is exactly minus the gradient: Adam's
     first step, g / (|g| + eps), would amplify fp32 noise in entries with |g| near eps."""
-    from rl_fixtures import TOK, count_ones
-    from sage_jax import losses
-    from sage_jax import rl_step as R
-    from sage_jax.reward_host import HostReward
-    rl.setdefault("group_size", 4)
-    rl.setdefault("sampling", SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0))
-    rl.setdefault("loss", losses.LossConfig(beta=0.04))
-    cfg = R.RLConfig(**rl)
-    model = Decoder(tiny_config(hidden_size=64, num_layers=2), rngs=nnx.Rngs(0))
-    tx, lr_fn = optax.sgd(1.0), lambda step: 1.0
-    graphdef, state = R.init_train_state(model, cfg, tx, 0)
+    _, _, state, step = setup(tx=optax.sgd(1.0), lr=1.0, **rl)
     before = jax.device_get(state.params)  # the step donates its input state
-    new_state, metrics = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(TOK, count_ones))(state, batch())
+    new_state, metrics = step(state, batch())
     grads = jax.tree.map(lambda a, b: a - b, before, jax.device_get(new_state.params))  # = the gradient
-    return jax.device_get((grads, metrics))
+    return grads, jax.device_get(metrics)
 
 
 @pytest.mark.parametrize("minibatches", [1, 2, 8])  # 8: micro-batches of 2 rows, not whole groups of 4
