@@ -172,11 +172,15 @@ class MLP(nnx.Module):
         self.w_up = nnx.Param(_init(rngs, (D, F), param_dtype), axes=("embed", "mlp"))
         self.w_down = nnx.Param(_init(rngs, (F, D), param_dtype), axes=("mlp", "embed"))
 
-    def __call__(self, x):
+    def __call__(self, x_BxTxD):
+        # Tokens flattened to one axis: with [B, T, D] operands XLA:CPU wrote the backward's [F, B*T]
+        # operands of the weight-gradient dots as transposed copies, 20% of the small benchmark's training
+        # phase (experiments/bench/README.md, item 8). The attention projections gained nothing from it.
+        x = x_BxTxD.reshape(-1, x_BxTxD.shape[-1])
         c = lambda p: p[...].astype(self.dtype)
         lin = lambda x, w, t: adapted(self, t, x, x @ c(w), self.dtype)  # + LoRA when that target has one
         h = jax.nn.silu(lin(x, self.w_gate, "gate")) * lin(x, self.w_up, "up")
-        return lin(h, self.w_down, "down")
+        return lin(h, self.w_down, "down").reshape(x_BxTxD.shape)
 
 
 class Block(nnx.Module):
