@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -35,6 +34,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from report import markdown, plot_scaling  # noqa: E402
 from reward import count_ones  # noqa: E402
 from sage_jax import guides, losses, optim  # noqa: E402
 from sage_jax import rl_step as R  # noqa: E402
@@ -45,6 +45,7 @@ from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
 from sage_jax.reward_host import HostReward, encode_answers  # noqa: E402
 from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
+from trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
 
 SHAPES = {  # the two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, prompts=8, group=8, T=64),
@@ -53,9 +54,6 @@ SHAPES = {  # the issue's two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv
     "medium": dict(hidden_size=896, num_layers=12, num_heads=14, intermediate_size=4864, prompts=8, group=8, T=256),
 }
 LR, BETA, P_LEN = 1e-6, 0.04, 16
-TRL_PINS = os.path.join(HERE, "trl_requirements.txt")
-TRL_VENV = os.path.join(HERE, ".venv-trl")
-TORCH_WHEEL_PIN = "torch==2.13.0"
 
 # ------------------------------------------------------------------------------------------ compile counter
 _COMPILES = [0]
@@ -258,59 +256,6 @@ def flops(mcfg, B, P, T, N=None):
     return dict(decode=decode, ref_forward=fwd, train=3 * fwd, params_matmul=body + D * V)
 
 
-# ------------------------------------------------------------------------------------------ TRL
-def ensure_trl_venv():
-    py = os.path.join(TRL_VENV, "bin", "python")
-    if os.path.exists(py):
-        return py
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.check_call([base, "-m", "venv", TRL_VENV])
-    pip = [py, "-m", "pip", "install", "-q"]
-    subprocess.check_call(pip + [TORCH_WHEEL_PIN])  # torch first and pinned: never a resolver-chosen build
-    subprocess.check_call(pip + ["-r", TRL_PINS])
-    return py
-
-
-# name -> (trl_side --variant, torch threads; 0 = torch's default, all cores). Under a loaded machine torch's
-# OpenMP pool with 2 threads slows down several-fold (threads wait on descheduled peers), so on CPU TRL is also
-# timed on one thread and the comparison takes TRL's fastest configuration. `bf16` is autocast without
-# gradient checkpointing (the like of ours in bfloat16); `defaults` adds TRL's gradient checkpointing.
-TRL_VARIANTS = {"fp32": ("fp32", 0), "fp32_1thread": ("fp32", 1), "bf16": ("bf16", 0), "defaults": ("defaults", 0)}
-
-
-def default_trl_variants(shape, dtype, accel):
-    if accel:  # threads do not matter on an accelerator; compare within the compute dtype
-        return ("fp32",) if dtype == "float32" else ("bf16", "defaults")
-    return ("fp32", "fp32_1thread", "defaults") if shape == "tiny" else ("fp32_1thread", "fp32")
-
-
-def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, device, timeout_s=900):
-    mode, threads = TRL_VARIANTS[variant]
-    cmd = [py, os.path.join(HERE, "trl_side.py"), "--model", ckpt, "--prompts", prompts_file,
-           "--completion-len", str(T), "--group", str(G), "--steps", str(steps), "--warmup", str(warmup),
-           "--lr", str(LR), "--beta", str(BETA), "--out", out, "--variant", mode, "--threads", str(threads),
-           "--device", device]
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
-    if os.path.exists(out):
-        os.remove(out)
-    log = out + ".log"
-    try:
-        with open(log, "w") as f:
-            subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout_s)
-        res = json.load(open(out))
-    except subprocess.TimeoutExpired:  # keep the steps done so far (trl_side writes after each step)
-        res = json.load(open(out)) if os.path.exists(out) else dict(step_s=[])
-        res["timed_out_after_s"] = timeout_s
-        timed = res["step_s"][warmup:] or res["step_s"][-1:]
-        res["median_step_s"] = statistics.median(timed) if timed else float("nan")
-    except subprocess.CalledProcessError as e:  # say why, from its log, and go on with the other runs
-        tail = open(log).read()[-2000:]
-        print(f"TRL {variant} failed (exit {e.returncode}); end of {log}:\n{tail}", flush=True)
-        return dict(step_s=[], median_step_s=float("nan"), failed=tail, threads_arg=threads)
-    res["threads_arg"] = threads
-    return res
-
-
 # ------------------------------------------------------------------------------------------ main
 def main():
     ap = argparse.ArgumentParser()
@@ -398,7 +343,7 @@ def main():
             for variant in variants or default_trl_variants(shape, a.dtype, accel):
                 r[f"trl_{variant}"] = run_trl(py, ckpt, prompts_file, T, G, tw + ts, tw,
                                               os.path.join(a.workdir, f"trl_{shape}_{variant}.json"), variant,
-                                              "cuda" if accel else "cpu",
+                                              "cuda" if accel else "cpu", LR, BETA,
                                               timeout_s=180 if shape == "tiny" or accel else 300)
                 print(shape, "trl", variant, r[f"trl_{variant}"]["median_step_s"], flush=True)
             if not accel:  # ours once more after TRL: this CPU is shared, so bracket TRL's run with ours
@@ -457,79 +402,6 @@ def summarise(r, shape, N, G, T, roof, peak_key, share_prompt):
             r["speedup_vs_trl_defaults"] = trl["defaults"] / ours
     if "ours_branch" in r:
         r["branch_over_none"] = r["ours_branch"]["median_step_s"] / r["ours_none"]["median_step_s"]
-
-
-def plot_scaling(scal, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    for ax, (key, label) in zip(axes, (("completion_len", "completion length T (G=8)"),
-                                       ("group_size", "group size G (T=64)"))):
-        xs = sorted(int(x) for x in scal[key])
-        ys = [scal[key][x] for x in xs]
-        ax.plot(xs, ys, "o-", label="measured")
-        ax.plot(xs, [ys[0] * x / xs[0] for x in xs], "--", color="gray", label="linear from first point")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log", base=2)
-        ax.set_xlabel(label)
-        ax.set_ylabel("step time, s")
-        ax.set_xticks(xs, [str(x) for x in xs])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("sage_jax RL step (tiny h128/L4, 8 prompts, beta=0.04), CPU")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def markdown(res, shapes):
-    labels = dict(fp32="TRL fp32", fp32_1thread="TRL fp32 1 thread", bf16="TRL bf16 autocast",
-                  defaults="TRL defaults (bf16, GC)")
-    present = [v for v in TRL_VARIANTS if any(f"trl_{v}" in res[sh] for sh in shapes)]
-    mem = any(res[sh]["ours_none"].get("device_peak_bytes") for sh in shapes)
-    L = ["| shape | rows x T | ours s/step | TRL s/step (fastest config) | speedup | " +
-         "".join(f"{labels[v]} | " for v in present) +
-         "ours tok/s | TRL tok/s | branch/none | recompiles |" + (" ours peak GiB (process) | TRL peak GiB |" if mem else ""),
-         "|" + "---|" * (11 + len(present) - 2 + 2 * mem)]
-    gib = lambda b: f"{b / 2**30:.2f}" if b else "-"
-    for sh in shapes:
-        r = res[sh]
-        f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "-"
-        t = lambda v: f"{r['trl_' + v]['median_step_s']:.3f}" if "trl_" + v in r else "-"
-        rec = max(r[k]["compiles_after_first_step"] for k in r if k.startswith("ours_") and isinstance(r[k], dict))
-        row = (f"| {sh} | {r['rows']} x {r['completion_len']} | {f('ours_step_s')} | "
-               f"{f('trl_step_s')} ({r.get('trl_best_variant', '-')}) | {f('speedup', '{:.2f}x')} | " +
-               "".join(f"{t(v)} | " for v in present) +
-               f"{f('ours_tokens_per_s', '{:,.0f}')} | {f('trl_tokens_per_s', '{:,.0f}')} | "
-               f"{f('branch_over_none', '{:.2f}')} | {rec} |")
-        if mem:
-            best = r.get(f"trl_{r.get('trl_best_variant')}", {})  # the fastest TRL configuration's peak
-            ours_peak = max(r[k].get("device_peak_bytes") or 0 for k in r if k.startswith("ours_") and isinstance(r[k], dict))
-            row += f" {gib(ours_peak)} | {gib(best.get('cuda_peak_bytes'))} |"
-        L.append(row)
-    pk = res["meta"].get("peak_key", "square_2048")
-    L += ["", "Phases of our step (separately jitted, median s) and roofline "
-          f"({res['meta'].get('dtype', 'float32')} matmul {pk.split('_')[1]}^3: "
-          f"{res['matmul_gflops'][pk]:.0f} GFLOP/s):", "",
-          "| shape | rollout | reward | ref fwd | train (fwd+bwd+adamw) | sum | fused | decode GFLOP/s (frac) | "
-          "ref fwd GFLOP/s (frac) | train GFLOP/s (frac) |", "|" + "---|" * 10]
-    for sh in (sh for sh in shapes if "phases_s" in res[sh]):
-        r = res[sh]
-        p, rf = r["phases_s"], r["roofline"]
-        g = lambda k: f"{rf[k]['gflops']:.0f} ({100 * rf[k]['frac_of_square']:.0f}%)"
-        L.append(f"| {sh} | {p['rollout']:.3f} | {p['reward']:.4f} | {p['ref_forward']:.3f} | {p['train']:.3f} | "
-                 f"{sum(p.values()):.3f} | {r['ours_none']['median_step_s']:.3f} | {g('decode')} | "
-                 f"{g('ref_forward')} | {g('train')} |")
-    if "scaling_tiny" in res:
-        sc = res["scaling_tiny"]
-        L += ["", "Scaling (tiny shape, s/step): completion length T at G=8 | group size G at T=64", "",
-              "| T | " + " | ".join(str(k) for k in sc["completion_len"]) + " |",
-              "|---|" + "---|" * len(sc["completion_len"]),
-              "| s | " + " | ".join(f"{v:.3f}" for v in sc["completion_len"].values()) + " |", "",
-              "| G | " + " | ".join(str(k) for k in sc["group_size"]) + " |",
-              "|---|" + "---|" * len(sc["group_size"]),
-              "| s | " + " | ".join(f"{v:.3f}" for v in sc["group_size"].values()) + " |"]
-    return "\n".join(L) + "\n"
 
 
 if __name__ == "__main__":

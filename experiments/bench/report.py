@@ -1,0 +1,78 @@
+"""The benchmark's Markdown tables and scaling plot, from its results dict (bench.py)."""
+
+from __future__ import annotations
+
+from trl_runner import TRL_VARIANTS
+
+
+def plot_scaling(scal, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, (key, label) in zip(axes, (("completion_len", "completion length T (G=8)"),
+                                       ("group_size", "group size G (T=64)"))):
+        xs = sorted(int(x) for x in scal[key])
+        ys = [scal[key][x] for x in xs]
+        ax.plot(xs, ys, "o-", label="measured")
+        ax.plot(xs, [ys[0] * x / xs[0] for x in xs], "--", color="gray", label="linear from first point")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("step time, s")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("sage_jax RL step (tiny h128/L4, 8 prompts, beta=0.04), CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def markdown(res, shapes):
+    labels = dict(fp32="TRL fp32", fp32_1thread="TRL fp32 1 thread", bf16="TRL bf16 autocast",
+                  defaults="TRL defaults (bf16, GC)")
+    present = [v for v in TRL_VARIANTS if any(f"trl_{v}" in res[sh] for sh in shapes)]
+    mem = any(res[sh]["ours_none"].get("device_peak_bytes") for sh in shapes)
+    L = ["| shape | rows x T | ours s/step | TRL s/step (fastest config) | speedup | " +
+         "".join(f"{labels[v]} | " for v in present) +
+         "ours tok/s | TRL tok/s | branch/none | recompiles |" + (" ours peak GiB (process) | TRL peak GiB |" if mem else ""),
+         "|" + "---|" * (11 + len(present) - 2 + 2 * mem)]
+    gib = lambda b: f"{b / 2**30:.2f}" if b else "-"
+    for sh in shapes:
+        r = res[sh]
+        f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "-"
+        t = lambda v: f"{r['trl_' + v]['median_step_s']:.3f}" if "trl_" + v in r else "-"
+        rec = max(r[k]["compiles_after_first_step"] for k in r if k.startswith("ours_") and isinstance(r[k], dict))
+        row = (f"| {sh} | {r['rows']} x {r['completion_len']} | {f('ours_step_s')} | "
+               f"{f('trl_step_s')} ({r.get('trl_best_variant', '-')}) | {f('speedup', '{:.2f}x')} | " +
+               "".join(f"{t(v)} | " for v in present) +
+               f"{f('ours_tokens_per_s', '{:,.0f}')} | {f('trl_tokens_per_s', '{:,.0f}')} | "
+               f"{f('branch_over_none', '{:.2f}')} | {rec} |")
+        if mem:
+            best = r.get(f"trl_{r.get('trl_best_variant')}", {})  # the fastest TRL configuration's peak
+            ours_peak = max(r[k].get("device_peak_bytes") or 0 for k in r if k.startswith("ours_") and isinstance(r[k], dict))
+            row += f" {gib(ours_peak)} | {gib(best.get('cuda_peak_bytes'))} |"
+        L.append(row)
+    pk = res["meta"].get("peak_key", "square_2048")
+    L += ["", "Phases of our step (separately jitted, median s) and roofline "
+          f"({res['meta'].get('dtype', 'float32')} matmul {pk.split('_')[1]}^3: "
+          f"{res['matmul_gflops'][pk]:.0f} GFLOP/s):", "",
+          "| shape | rollout | reward | ref fwd | train (fwd+bwd+adamw) | sum | fused | decode GFLOP/s (frac) | "
+          "ref fwd GFLOP/s (frac) | train GFLOP/s (frac) |", "|" + "---|" * 10]
+    for sh in (sh for sh in shapes if "phases_s" in res[sh]):
+        r = res[sh]
+        p, rf = r["phases_s"], r["roofline"]
+        g = lambda k: f"{rf[k]['gflops']:.0f} ({100 * rf[k]['frac_of_square']:.0f}%)"
+        L.append(f"| {sh} | {p['rollout']:.3f} | {p['reward']:.4f} | {p['ref_forward']:.3f} | {p['train']:.3f} | "
+                 f"{sum(p.values()):.3f} | {r['ours_none']['median_step_s']:.3f} | {g('decode')} | "
+                 f"{g('ref_forward')} | {g('train')} |")
+    if "scaling_tiny" in res:
+        sc = res["scaling_tiny"]
+        L += ["", "Scaling (tiny shape, s/step): completion length T at G=8 | group size G at T=64", "",
+              "| T | " + " | ".join(str(k) for k in sc["completion_len"]) + " |",
+              "|---|" + "---|" * len(sc["completion_len"]),
+              "| s | " + " | ".join(f"{v:.3f}" for v in sc["completion_len"].values()) + " |", "",
+              "| G | " + " | ".join(str(k) for k in sc["group_size"]) + " |",
+              "|---|" + "---|" * len(sc["group_size"]),
+              "| s | " + " | ".join(f"{v:.3f}" for v in sc["group_size"].values()) + " |"]
+    return "\n".join(L) + "\n"
