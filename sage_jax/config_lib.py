@@ -68,6 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.min_p = 0.0
+    c.rollout.decode_segments = 4  # speed only: decode loops over a growing cache (sampling.SamplingConfig)
 
     c.rl = ml_collections.ConfigDict()
     c.rl.beta = 0.05  # KL coefficient; 0 = no KL term (no reference pass, no reference weights)
@@ -173,7 +174,8 @@ def sampling_config(c, eos_ids, pad_id) -> SamplingConfig:
     r = c.rollout
     try:
         return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id)
+                              top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id,
+                              decode_segments=r.get("decode_segments", 4))
     except ValueError as e:
         raise ConfigValidationError(f"rollout: {e}") from None
 

@@ -3,10 +3,12 @@
 Dimension key: B batch (rows), P prompt length (left padded), T max new tokens, S = P + T cache slots,
 V vocab.
 
-One prefill pass writes the prompt into the cache (positions from the attention mask); a
-`lax.while_loop` then decodes one token per iteration until every row has emitted an EOS / stop id or T
-tokens exist. Each layer's cache is a separate array in the loop carry, updated in place with
-`dynamic_update_slice` (no per-step re-stacking of a scanned cache).
+One prefill pass writes each prompt into an N-row cache (positions from the attention mask), read once
+per group of rows at every step. `lax.while_loop`s then decode one token per iteration until every row
+has emitted an EOS / stop id or T tokens exist. The completion's cache is split into
+`decode_segments` segments with one loop each: a step reads the prompt, the finished segments and its
+own, not the empty slots after it (`decoder.DecodeKV`). Each layer's current segment is a separate
+array in the loop carry, updated in place with `dynamic_update_slice` (no per-step re-stacking).
 
 Sampling: logits / temperature, then top-k, top-p (nucleus) and min-p filters (in that order, as in
 transformers and vLLM); `temperature == 0` is greedy. `logp_BxT` is the log-probability of each sampled
@@ -27,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from sage_jax import sharding as shd
-from sage_jax.models.decoder import init_cache, positions_from_mask, repeat_cache
+from sage_jax.models.decoder import DecodeKV, init_cache, positions_from_mask
 
 Array = jax.Array
 
@@ -41,6 +43,9 @@ class SamplingConfig:
     min_p: float = 0.0  # drop tokens with p < min_p * p_max; 0 = off
     eos_ids: tuple[int, ...] = ()  # stop ids (EOS and e.g. <|im_end|>)
     pad_id: int = 0
+    # Speed only (the samples do not depend on it): the completion cache in this many segments, each
+    # decoded by a loop that reads the filled segments only (at most T - 1 are used; 1 = one loop).
+    decode_segments: int = 4
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -53,6 +58,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 <= self.min_p < 1:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.decode_segments < 1:
+            raise ValueError(f"decode_segments must be >= 1, got {self.decode_segments}")
 
 
 class SampleOutput(NamedTuple):
@@ -103,54 +110,73 @@ def _is_stop(tok_B: Array, cfg: SamplingConfig) -> Array:
     return jnp.isin(tok_B, jnp.asarray(cfg.eos_ids, jnp.int32))
 
 
+def segment_lengths(slots: int, segments: int) -> list[int]:
+    """Sizes of the completion cache's segments: `slots` split as evenly as possible into at most
+    `segments` parts (none when there are no slots)."""
+    n = min(segments, slots)
+    if n < 1:
+        return []
+    base, extra = divmod(slots, n)
+    return [base + (i < extra) for i in range(n)]
+
+
 def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: SamplingConfig,
              cache_dtype=None, group_size: int = 1) -> SampleOutput:
     """Samples up to T tokens for each of B = N * group_size rows (row b continues prompt b // group_size).
 
-    `model` is a Decoder (merged inside the caller's jit). Each prompt is prefilled once and its cache is
-    shared by its group's rows, which is the same as prefilling `jnp.repeat(prompt, group_size, 0)`.
+    `model` is a Decoder (merged inside the caller's jit). Each prompt is prefilled once and its keys /
+    values are read once per group at each step, which is the same as `jnp.repeat(prompt, group_size, 0)`.
+    The completion's keys / values live in `cfg.decode_segments` segments, each decoded by its own loop
+    that attends over the finished segments and itself only, so early steps do not read empty slots.
     """
     N, P = prompt_NxP.shape
     B, T = N * group_size, cfg.max_new_tokens
     mcfg = model.cfg
+    dtype = cache_dtype or model.dtype
     rep = lambda x: jnp.repeat(x, group_size, axis=0)
-    prompt_mask_NxP = prompt_mask_NxP.astype(jnp.int32)
-    cache = init_cache(mcfg, N, P, cache_dtype or model.dtype)
-    hidden, cache = model.forward(prompt_NxP, positions_from_mask(prompt_mask_NxP), prompt_mask_NxP, cache, 0)
-    cache = repeat_cache(cache, group_size, T)
+    pmask = prompt_mask_NxP.astype(jnp.int32)
+    prefill = init_cache(mcfg, N, P, dtype)
+    hidden, prefill = model.forward(prompt_NxP, positions_from_mask(pmask), pmask, prefill, 0)
     logits = rep(model.logits(hidden[:, -1:])[:, 0])
-    kv_mask_BxS = jnp.concatenate([rep(prompt_mask_NxP), jnp.ones((B, T), jnp.int32)], axis=1)
-    prompt_len_B = rep(jnp.sum(prompt_mask_NxP, axis=1))
+    prompt_len_B = rep(jnp.sum(pmask, axis=1))
 
     tok, lp, ent = sample_token(logits, jax.random.fold_in(key, 0), cfg)
     zeros_f = jnp.zeros((B, T), jnp.float32)
     tokens = jnp.full((B, T), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
     logps, ents = zeros_f.at[:, 0].set(lp), zeros_f.at[:, 0].set(ent)
     mask = jnp.zeros((B, T), jnp.int32).at[:, 0].set(1)
-    done = _is_stop(tok, cfg)
+    state = (jnp.int32(1), tokens, logps, ents, mask, _is_stop(tok, cfg), tok)
 
-    def cond(carry):
-        t, _, _, _, _, done, _, _ = carry
-        return (t < T) & ~jnp.all(done)
+    # Step t (1 <= t < T) feeds token t - 1, writes completion slot t - 1 and samples token t.
+    past = [((), ()) for _ in range(mcfg.num_layers)]
+    start = 0  # completion slots in the finished segments
+    for length in segment_lengths(T - 1, cfg.decode_segments):
+        shape = (B, mcfg.num_kv_heads, length, mcfg.head_dim)
+        cur = shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in past])
 
-    def body(carry):
-        t, tokens, logps, ents, mask, done, prev, cache = carry
-        pos = (prompt_len_B + t - 1)[:, None]
-        hidden, cache = model.forward(prev[:, None], pos, kv_mask_BxS, cache, P + t - 1)
-        tok, lp, ent = sample_token(model.logits(hidden)[:, 0], jax.random.fold_in(key, t), cfg)
-        live = ~done
-        tok = jnp.where(live, tok, cfg.pad_id)
-        upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))
-        tokens = upd(tokens, tok)
-        logps = upd(logps, jnp.where(live, lp, 0.0))
-        ents = upd(ents, jnp.where(live, ent, 0.0))
-        mask = upd(mask, live.astype(jnp.int32))
-        done = done | _is_stop(tok, cfg)
-        # Under a sharded step the loop carry keeps the cache's sharding (rows x kv heads); identity otherwise.
-        return t + 1, tokens, logps, ents, mask, done, tok, shd.constrain_cache(cache)
+        def step(carry, start=start, past=past):
+            (t, tokens, logps, ents, mask, done, prev), cur = carry
+            kv = [DecodeKV(p["k"], p["v"], pk, pv, c["k"], c["v"]) for p, (pk, pv), c in zip(prefill, past, cur)]
+            pos = (prompt_len_B + t - 1)[:, None]
+            hidden, kv = model.forward(prev[:, None], pos, pmask, kv, t - 1 - start)
+            tok, lp, ent = sample_token(model.logits(hidden)[:, 0], jax.random.fold_in(key, t), cfg)
+            live = ~done
+            tok = jnp.where(live, tok, cfg.pad_id)
+            upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))
+            state = (t + 1, upd(tokens, tok), upd(logps, jnp.where(live, lp, 0.0)),
+                     upd(ents, jnp.where(live, ent, 0.0)), upd(mask, live.astype(jnp.int32)),
+                     done | _is_stop(tok, cfg), tok)
+            # Under a sharded step the carry keeps the cache's sharding (rows x kv heads); identity otherwise.
+            return state, shd.constrain_cache([{"k": c.k, "v": c.v} for c in kv])
 
-    carry = (jnp.int32(1), tokens, logps, ents, mask, done, tok, cache)
-    t, tokens, logps, ents, mask, _, _, _ = jax.lax.while_loop(cond, body, carry)
+        def running(carry, stop=start + length):
+            t, done = carry[0][0], carry[0][5]
+            return (t < stop + 1) & ~jnp.all(done)
+
+        state, cur = jax.lax.while_loop(running, step, (state, cur))
+        past = [(pk + (c["k"],), pv + (c["v"],)) for (pk, pv), c in zip(past, cur)]
+        start += length
+    t, tokens, logps, ents, mask = state[:5]
     return SampleOutput(tokens, mask, logps, ents, t)
 
 

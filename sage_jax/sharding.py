@@ -214,8 +214,8 @@ def constrain(x, axes: Sequence[str | None]):
     return jax.lax.with_sharding_constraint(x, sharding_for(x.shape, axes, mesh, rules))
 
 
-def constrain_cache(cache: list[dict] | None):
-    """KV cache BxKxSxDh: rows like the batch, kv heads like the kv weights."""
+def constrain_cache(cache):
+    """A KV cache (a pytree of BxKxSxDh arrays): rows like the batch, kv heads like the kv weights."""
     if cache is None or _ACTIVE.get() is None:
         return cache
-    return [{k: constrain(v, ("batch", "kv_heads", "cache_seq", "head_dim")) for k, v in c.items()} for c in cache]
+    return jax.tree.map(lambda x: constrain(x, ("batch", "kv_heads", "cache_seq", "head_dim")), cache)

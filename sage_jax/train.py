@@ -147,7 +147,7 @@ def eval_problems(c, s: Setup) -> list[dict]:
 
 def make_eval_sampler(c, s: Setup, graphdef, state: TrainState) -> TextSampler:
     cfg = SamplingConfig(max_new_tokens=c.eval.max_new_tokens, temperature=c.eval.temperature, top_p=c.eval.top_p,
-                         eos_ids=s.eos_ids, pad_id=s.pad_id)
+                         eos_ids=s.eos_ids, pad_id=s.pad_id, decode_segments=c.rollout.get("decode_segments", 4))
     return TextSampler(policy_model(graphdef, state), s.tokenizer, cfg, batch_size=c.eval.batch_size, mesh=s.mesh)
 
 

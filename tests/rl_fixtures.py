@@ -29,7 +29,8 @@ def batch():
 def setup(reward_fn=count_ones, seed=0, lr=1e-3, tx=None, **rl):
     """(cfg, graphdef, state, jitted step); `tx`: an optax optimizer in place of AdamW at `lr`."""
     rl.setdefault("group_size", 4)
-    rl.setdefault("sampling", SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0))
+    rl.setdefault("sampling", SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0,
+                                                  decode_segments=2))  # segmented, at less compile time
     rl.setdefault("loss", losses.LossConfig(beta=0.04))
     cfg = R.RLConfig(**rl)
     model = Decoder(tiny_config(hidden_size=64, num_layers=2), rngs=nnx.Rngs(seed))

@@ -36,7 +36,8 @@ def make_model():
 
 
 def parts():
-    cfg = R.RLConfig(group_size=4, sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0),
+    cfg = R.RLConfig(group_size=4, sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0,
+                                                                   decode_segments=2),
                      loss=losses.LossConfig(beta=0.04))
     tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=LR))
     return cfg, tx, lr_fn

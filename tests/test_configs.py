@@ -57,6 +57,7 @@ def test_paper_setup_values():
     (lambda c: setattr(c.sage, "guide", "nope"), "sage.guide"),
     (lambda c: (setattr(c.rl, "beta", 0.0), setattr(c.sage, "guide", "branch")), "rl.beta=0"),
     (lambda c: setattr(c.rollout, "group_size", 1), "rollout.group_size"),
+    (lambda c: setattr(c.rollout, "decode_segments", 0), "decode_segments"),
     (lambda c: (setattr(c.data, "batch_size", 3), setattr(c.rollout, "group_size", 3)), "batch shards"),
     (lambda c: setattr(c.model, "path", "/no/such/dir"), "model.path"),
     (lambda c: setattr(c.model, "path", ""), "model.path"),

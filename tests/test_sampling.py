@@ -51,9 +51,11 @@ def test_greedy_matches_transformers_generate(tmp_path, family):
     np.testing.assert_array_equal(np.asarray(out.tokens_BxT), ref[:, toks.shape[1]:].numpy())
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampler_logp_equals_full_forward(model, temperature):
-    cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(5, 7), pad_id=0)
+# 12 tokens -> 11 cache slots: one loop, four segments, a segment per slot, more segments than slots
+@pytest.mark.parametrize("temperature, segments", [(1.0, 1), (0.7, 4), (1.0, 11), (1.0, 40)])
+def test_sampler_logp_equals_full_forward(model, temperature, segments):
+    cfg = sampling.SamplingConfig(max_new_tokens=12, temperature=temperature, eos_ids=(5, 7), pad_id=0,
+                                  decode_segments=segments)
     out, toks, mask = _run(model, cfg, key=1)
     full = jnp.concatenate([jnp.asarray(toks), out.tokens_BxT], 1)
     full_mask = jnp.concatenate([jnp.asarray(mask), out.mask_BxT], 1)
@@ -86,12 +88,34 @@ def test_eos_masks_everything_after_first_eos(model):
         assert np.all(toks[r, stop + 1:] == 0)
 
 
-def test_stops_early_when_all_rows_done(model):
+@pytest.mark.parametrize("segments", [1, 4])  # 4: every row stops in the first segment; none of the others run
+def test_stops_early_when_all_rows_done(model, segments):
     free, _, _ = _run(model, sampling.SamplingConfig(max_new_tokens=12, temperature=0.0))
     first = tuple(int(t) for t in np.asarray(free.tokens_BxT)[:, 1])  # every row's second token
-    out, _, _ = _run(model, sampling.SamplingConfig(max_new_tokens=12, temperature=0.0, eos_ids=first))
+    out, _, _ = _run(model, sampling.SamplingConfig(max_new_tokens=12, temperature=0.0, eos_ids=first,
+                                                    decode_segments=segments))
     assert int(out.num_steps) <= 2
     assert np.asarray(out.mask_BxT)[:, 2:].sum() == 0
+
+
+def test_segmented_decode_samples_what_one_loop_samples(model):
+    """The segments change which slots a step reads, not what it computes: same tokens, same log-probs."""
+    outs = [_run(model, sampling.SamplingConfig(max_new_tokens=14, temperature=1.0, eos_ids=(5,),
+                                                decode_segments=n), key=4)[0] for n in (1, 3, 13)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(np.asarray(o.tokens_BxT), np.asarray(outs[0].tokens_BxT))
+        np.testing.assert_array_equal(np.asarray(o.mask_BxT), np.asarray(outs[0].mask_BxT))
+        assert int(o.num_steps) == int(outs[0].num_steps)
+        np.testing.assert_allclose(np.asarray(o.logp_BxT), np.asarray(outs[0].logp_BxT), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(o.entropy_BxT), np.asarray(outs[0].entropy_BxT), atol=1e-5)
+
+
+@pytest.mark.parametrize("slots, segments", [(0, 4), (1, 4), (11, 4), (12, 4), (11, 1), (5, 9), (127, 8)])
+def test_segment_lengths_split_the_slots_evenly(slots, segments):
+    lengths = sampling.segment_lengths(slots, segments)
+    assert sum(lengths) == slots
+    assert len(lengths) == min(slots, segments)
+    assert all(n >= 1 for n in lengths) and (not lengths or max(lengths) - min(lengths) <= 1)
 
 
 def _np_filter(logits, temperature, top_k, top_p, min_p):
@@ -162,3 +186,5 @@ def test_bad_sampling_config():
         sampling.SamplingConfig(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         sampling.SamplingConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="decode_segments"):
+        sampling.SamplingConfig(decode_segments=0)

@@ -95,8 +95,13 @@ def make_batch(tok, n):
                 answer=jnp.asarray(encode_answers(tok, ["0"] * n, 4)))
 
 
+DECODE_SEGMENTS = SamplingConfig.decode_segments  # the sampler's default; --decode-segments sets it for the run
+
+
 def rl_config(T, G, guide, share_prompt=True):
-    return R.RLConfig(group_size=G, sampling=SamplingConfig(max_new_tokens=T, temperature=1.0, eos_ids=(), pad_id=0),
+    sampling = SamplingConfig(max_new_tokens=T, temperature=1.0, eos_ids=(), pad_id=0,
+                              decode_segments=DECODE_SEGMENTS)
+    return R.RLConfig(group_size=G, sampling=sampling,
                       loss=losses.LossConfig(beta=BETA, loss_type="grpo"), guide=guide, scale_rewards="group",
                       share_prompt=share_prompt)
 
@@ -274,8 +279,12 @@ def main():
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase breakdown and roofline")
     ap.add_argument("--no-share-prompt", action="store_true",
                     help="repeat each prompt G times in every pass (rl.share_prompt=False)")
+    ap.add_argument("--decode-segments", type=int, default=DECODE_SEGMENTS,
+                    help="completion cache segments of the sampler (SamplingConfig.decode_segments)")
     ap.add_argument("--guides", default="none,branch", help="comma-separated guides to time; none is the baseline")
     a = ap.parse_args()
+    global DECODE_SEGMENTS
+    DECODE_SEGMENTS = a.decode_segments
     shapes = (a.shapes or ("tiny" if a.quick else "tiny,small")).split(",")
     for sh in shapes:
         if sh not in SHAPES:
@@ -296,7 +305,8 @@ def main():
     dev = jax.devices()[0]
     res = dict(meta=dict(jax=jax.__version__, backend=jax.default_backend(), device=dev.device_kind,
                          cpus=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""), quick=a.quick,
-                         dtype=a.dtype, share_prompt=not a.no_share_prompt, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
+                         dtype=a.dtype, share_prompt=not a.no_share_prompt,
+                         decode_segments=a.decode_segments, started=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())))
 
     # Roofline: the machine's matmul throughput in the compute dtype, measured now (the machine is shared).
     mm_dtype = jnp.dtype(a.dtype)

@@ -31,9 +31,17 @@ print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__, 'transf
 } 2>&1 | tee "$OUT/env.txt"
 
 bench="python3 experiments/bench/bench.py --trl-python python3 --workdir /tmp/sage_bench --out $OUT --no-scaling"
+# The three parts take ~5 + 2.5 + 4 min; a device call allows 10, so PARTS picks them (default: all).
+PARTS=${PARTS:-bf16,fp32,segments}
 # bfloat16 compute (parameters float32) against TRL's bf16 autocast, with and without its gradient checkpointing.
-timeout 300 $bench --dtype bfloat16 --shapes tiny,small,medium --guides none --name results_h200_bf16 \
+[[ $PARTS == *bf16* ]] && timeout 300 $bench --dtype bfloat16 --shapes tiny,small,medium --guides none --name results_h200_bf16 \
   2>&1 | tee "$OUT/bf16.log"
 # float32 on both sides (full-precision matmuls: no TF32 on either), the CPU benchmark's setting.
-timeout 150 $bench --dtype float32 --shapes tiny,small --guides none --no-phases --name results_h200_fp32 \
+[[ $PARTS == *fp32* ]] && timeout 150 $bench --dtype float32 --shapes tiny,small --guides none --no-phases --name results_h200_fp32 \
   2>&1 | tee "$OUT/fp32.log"
+# The sampler's decode segments on a GPU (more, smaller attention kernels per step against fewer cache
+# slots read; measured on the CPU only): ours alone, bf16, one loop against the default four.
+[[ $PARTS == *segments* ]] && for n in 1 4; do
+  timeout 120 $bench --dtype bfloat16 --shapes small,medium --guides none --no-trl --no-phases \
+    --decode-segments $n --name results_h200_segments$n 2>&1 | tee "$OUT/segments$n.log"
+done

@@ -15,6 +15,7 @@ is token order.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,19 +114,14 @@ class Attention(nnx.Module):
         qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
         if cache is None:  # training / scoring: keys are this chunk, BxTxKxDh
             out = _attend(qg, k, v, _mask(0, T, T, kv_mask_BxS), "bskd", self.dtype)
-        else:
-            # In-place write of this chunk into the (donated) static-shape BxKxSxDh cache.
-            idx = (0, 0, cache_index, 0)
-            k_all = jax.lax.dynamic_update_slice(cache["k"], k.swapaxes(1, 2).astype(cache["k"].dtype), idx)
-            v_all = jax.lax.dynamic_update_slice(cache["v"], v.swapaxes(1, 2).astype(cache["v"].dtype), idx)
-            cache = {"k": k_all, "v": v_all}
-            k_all, v_all = k_all.astype(self.dtype), v_all.astype(self.dtype)
-            S = k_all.shape[2]
-            mask_BxTxS = _mask(cache_index, T, S, kv_mask_BxS)
-            if T == 1:
-                out = _decode_attention(qg[:, 0], k_all, v_all, mask_BxTxS[:, 0], self.dtype)[:, None]
-            else:  # prefill
-                out = _attend(qg, k_all, v_all, mask_BxTxS, "bksd", self.dtype)
+        elif isinstance(cache, DecodeKV):  # one-token decode step: write the slot, attend over the parts
+            cache = cache._replace(k=_write(cache.k, k, cache_index), v=_write(cache.v, v, cache_index))
+            out = _decode_attention(qg[:, 0], cache, kv_mask_BxS, cache_index, self.dtype)[:, None]
+        else:  # a chunk (prefill, prompt-shared scoring) into the (donated) static-shape BxKxSxDh cache
+            cache = {"k": _write(cache["k"], k, cache_index), "v": _write(cache["v"], v, cache_index)}
+            S = cache["k"].shape[2]
+            out = _attend(qg, cache["k"].astype(self.dtype), cache["v"].astype(self.dtype),
+                          _mask(cache_index, T, S, kv_mask_BxS), "bksd", self.dtype)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
         y = adapted(self, "o", out, jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype)), self.dtype)
         return y, cache
@@ -149,19 +145,59 @@ def _softmax(scores, mask, dtype):
     return jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), _NEG_INF), axis=-1).astype(dtype)
 
 
-def _decode_attention(q_BxKxGxDh, k_BxKxSxDh, v_BxKxSxDh, mask_BxS, dtype):
-    """One query per row against the cache (float32 accumulation).
+def _write(cache_BxKxSxDh, x_BxTxKxDh, index):
+    """In-place write of a chunk's keys or values at cache slots [index, index + T)."""
+    x = x_BxTxKxDh.swapaxes(1, 2).astype(cache_BxKxSxDh.dtype)
+    return jax.lax.dynamic_update_slice(cache_BxKxSxDh, x, (0, 0, index, 0))
 
-    The cache is BxKxSxDh so that (b, k) are its leading dims: both contractions are batched matmuls
-    over the cache in its own layout. With a BxSxKxDh cache XLA:CPU transpose-copied every layer's
-    cache at every step, and multiply-and-reduce over it ran at ~2 GFLOP/s; this layout roughly halves
-    the attention cost of a decode step (experiments/bench/README.md).
+
+class DecodeKV(NamedTuple):
+    """One layer's cache for one-token decode steps, attended in parts under one softmax.
+
+    A decode step reads only slots that can hold tokens: the prompt once per group, and the completion in
+    segments of which only the finished ones and the current one exist (`sampling.generate`).
+    - prompt_k / prompt_v: NxKxPxDh, the prefilled prompts; prompt n serves rows [n * G, (n + 1) * G) of
+      the B = N * G decode rows; its valid slots are the prompt mask (the `kv_mask` of the call).
+    - past_k / past_v: the finished completion segments, BxKxLjxDh each, every slot written.
+    - k / v: the segment being written, BxKxLxDh; the step at `cache_index` writes slot `cache_index`
+      and sees the slots up to it.
+    """
+    prompt_k: Array
+    prompt_v: Array
+    past_k: tuple[Array, ...]
+    past_v: tuple[Array, ...]
+    k: Array
+    v: Array
+
+
+def _decode_attention(q_BxKxGxDh, kv: DecodeKV, prompt_mask_NxP, index, dtype):
+    """One query per row against the parts of a `DecodeKV` (float32 scores, softmax and accumulation).
+
+    The caches are BxKxSxDh so that (b, k) are their leading dims: both contractions are batched matmuls
+    over each part in its own layout. With a BxSxKxDh cache XLA:CPU transpose-copied every layer's cache
+    at every step, and multiply-and-reduce over it ran at ~2 GFLOP/s (experiments/bench/README.md).
     """
     f32 = jnp.float32
-    scale = q_BxKxGxDh.shape[-1] ** -0.5
-    scores_BxKxGxS = jnp.einsum("bkgd,bksd->bkgs", q_BxKxGxDh, k_BxKxSxDh, preferred_element_type=f32)
-    probs = _softmax(scores_BxKxGxS * scale, mask_BxS[:, None, None], f32)
-    return jnp.einsum("bkgs,bksd->bkgd", probs, v_BxKxSxDh.astype(f32)).astype(dtype)
+    B, K, g, Dh = q_BxKxGxDh.shape
+    N = kv.prompt_k.shape[0]
+    G = B // N
+    q = q_BxKxGxDh
+    qn = q.reshape(N, G, K, g, Dh)  # rows of one prompt together: its keys are read once for the group
+    parts_k, parts_v = (*kv.past_k, kv.k), (*kv.past_v, kv.v)
+    scores = [jnp.einsum("nrkgd,nksd->nrkgs", qn, kv.prompt_k.astype(q.dtype),
+                         preferred_element_type=f32).reshape(B, K, g, -1)]
+    scores += [jnp.einsum("bkgd,bksd->bkgs", q, k.astype(q.dtype), preferred_element_type=f32) for k in parts_k]
+    L = kv.k.shape[2]
+    masks = ([jnp.repeat(prompt_mask_NxP.astype(bool), G, axis=0)]
+             + [jnp.ones((B, k.shape[2]), bool) for k in kv.past_k]
+             + [jnp.broadcast_to(jnp.arange(L) <= index, (B, L))])
+    probs = _softmax(jnp.concatenate(scores, -1) * Dh ** -0.5, jnp.concatenate(masks, -1)[:, None, None], f32)
+    p_prompt, *p_parts = jnp.split(probs, np.cumsum([s.shape[-1] for s in scores])[:-1], axis=-1)
+    out = jnp.einsum("nrkgs,nksd->nrkgd", p_prompt.reshape(N, G, K, g, -1), kv.prompt_v.astype(f32))
+    out = out.reshape(B, K, g, Dh)
+    for p, v in zip(p_parts, parts_v):
+        out = out + jnp.einsum("bkgs,bksd->bkgd", p, v.astype(f32))
+    return out.astype(dtype)
 
 
 class MLP(nnx.Module):
@@ -242,11 +278,14 @@ class Decoder(nnx.Module):
         return w.astype(self.dtype)
 
     def forward(self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array,
-                cache: list[dict[str, Array]] | None = None, cache_index: Array | int | None = None):
+                cache: list[dict[str, Array]] | list[DecodeKV] | None = None,
+                cache_index: Array | int | None = None):
         """Final hidden states BxTxD (after the final norm) and the updated cache.
 
-        Without a cache, S == T and `kv_mask_BxS` is the attention mask. With a cache of S slots, this
-        chunk is written at slots [cache_index, cache_index + T) and `kv_mask_BxS` marks valid slots.
+        Without a cache, S == T and `kv_mask_BxS` is the attention mask. With a cache of S slots (per layer
+        a dict of k, v), this chunk is written at slots [cache_index, cache_index + T) and `kv_mask_BxS`
+        marks valid slots. With `DecodeKV`s (T == 1), the token is written at slot `cache_index` of the
+        current segment and `kv_mask_BxS` is the NxP prompt mask.
         """
         # `shd.constrain` pins the residual stream at block boundaries under a sharded step (rows over
         # data x fsdp); it is the identity otherwise.
