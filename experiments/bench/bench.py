@@ -279,7 +279,7 @@ def main():
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase breakdown and roofline")
     ap.add_argument("--no-share-prompt", action="store_true",
                     help="repeat each prompt G times in every pass (rl.share_prompt=False)")
-    ap.add_argument("--decode-segments", type=int, default=DECODE_SEGMENTS,
+    ap.add_argument("--decode-segments", type=int, default=SamplingConfig.decode_segments,
                     help="completion cache segments of the sampler (SamplingConfig.decode_segments)")
     ap.add_argument("--guides", default="none,branch", help="comma-separated guides to time; none is the baseline")
     a = ap.parse_args()
