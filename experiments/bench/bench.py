@@ -44,7 +44,7 @@ from sage_jax.models import hf  # noqa: E402
 from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
 from sage_jax.reward_host import HostReward, encode_answers  # noqa: E402
-from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
+from sage_jax.sampling import SamplingConfig, generate, segment_lengths  # noqa: E402
 from trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
 
 SHAPES = {  # the issue's two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
@@ -240,24 +240,29 @@ def matmul_gflops(m, k, n, reps=5, dtype=jnp.float32):
     return 2 * m * k * n / min(ts) / 1e9
 
 
-def flops(mcfg, B, P, T, N=None):
-    """Matmul FLOPs of each phase as the dense implementation executes them (attention over all slots).
+def flops(mcfg, B, P, T, N=None, segments=1):
+    """Matmul FLOPs of each phase as the implementation executes them.
 
     N: rows that run the prompt positions (the number of prompts under prompt sharing; B without it).
+    segments: the sampler's completion cache segments; a decode step in segment i attends over the prompt,
+    the finished segments and all of segment i (`sampling.generate`).
     """
     D, F, L, V = mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_layers, mcfg.vocab_size
     H, K, Dh = mcfg.num_heads, mcfg.num_kv_heads, mcfg.head_dim
     body = L * (D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F)  # matmul weights per token
     attn = lambda q, s: 4 * L * H * Dh * q * s  # scores + weighted sum
-    S = P + T
-    if N is None or N == B:  # prompt repeated: one dense S x S pass per row
-        prefill = B * (2 * body * P + attn(P, S) + 2 * D * V)
+    S, N = P + T, N or B
+    prefill = N * (2 * body * P + attn(P, P) + 2 * D * V)  # the sampler's prompt cache has P slots
+    if N == B:  # prompt repeated: one dense S x S pass per row
         fwd = B * (2 * body * S + attn(S, S) + 2 * D * V * T)  # LM head on the T outputs
     else:  # the prompt's P x P pass on N rows; the completion's T x S pass on B rows
-        prefill = N * (2 * body * P + attn(P, P) + 2 * D * V)
         fwd = N * (2 * body * P + attn(P, P)) + B * (2 * body * T + attn(T, S) + 2 * D * V * T)
-    # Rollout: the prefill (LM head on the last prompt token), then T - 1 decode steps over S cache slots.
-    decode = prefill + (T - 1) * B * (2 * body + attn(1, S) + 2 * D * V)
+    # Rollout: the prefill (LM head on the last prompt token), then T - 1 decode steps, segment by segment.
+    keys, start = 0, 0
+    for length in segment_lengths(T - 1, segments):
+        keys += length * (P + start + length)
+        start += length
+    decode = prefill + (T - 1) * B * (2 * body + 2 * D * V) + B * attn(1, keys)
     return dict(decode=decode, ref_forward=fwd, train=3 * fwd, params_matmul=body + D * V)
 
 
@@ -282,7 +287,12 @@ def main():
     ap.add_argument("--decode-segments", type=int, default=SamplingConfig.decode_segments,
                     help="completion cache segments of the sampler (SamplingConfig.decode_segments)")
     ap.add_argument("--guides", default="none,branch", help="comma-separated guides to time; none is the baseline")
+    ap.add_argument("--recount", default=None, metavar="JSON",
+                    help="re-derive FLOPs, fractions and speedups of a results file from its measured times "
+                         "(after a change to the FLOP count), rewrite it and its .md, and exit")
     a = ap.parse_args()
+    if a.recount:
+        return recount(a.recount)
     global DECODE_SEGMENTS
     DECODE_SEGMENTS = a.decode_segments
     shapes = (a.shapes or ("tiny" if a.quick else "tiny,small")).split(",")
@@ -346,7 +356,7 @@ def main():
                 r["phases_s"] = time_phases(s, reps=2)
                 print(shape, "phases", r["phases_s"], flush=True)
             del s
-        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt)
+        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt, a.decode_segments)
         save()  # ours, before TRL: a TRL run cut short by the caller's timeout must not take our numbers along
         if py:
             tw, ts = (1, 3) if a.quick or accel else (2, 4) if shape == "tiny" else (1, 2)
@@ -360,7 +370,7 @@ def main():
                 s = Setup(ckpt, T, G, "none", N, a.dtype, not a.no_share_prompt)
                 r["ours_none_after"] = time_fused(s, warmup, steps if shape == "tiny" else 2)
                 del s
-        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt)
+        summarise(r, shape, N, G, T, roof, peak_key, not a.no_share_prompt, a.decode_segments)
         save()
 
     if not (a.quick or a.no_scaling):
@@ -380,10 +390,26 @@ def main():
     print(markdown(res, shapes))
 
 
-def summarise(r, shape, N, G, T, roof, peak_key, share_prompt):
+def recount(path):
+    res = json.load(open(path))
+    meta = res["meta"]
+    if "decode_segments" not in meta:
+        sys.exit(f"{path}: meta.decode_segments missing (a run before the segmented sampler); not recounted")
+    shapes = [sh for sh in SHAPES if sh in res]
+    for shape in shapes:
+        r, sh = res[shape], SHAPES[shape]
+        summarise(r, shape, sh["prompts"], sh["group"], r["completion_len"], res["matmul_gflops"],
+                  meta["peak_key"], meta["share_prompt"], meta["decode_segments"])
+    meta["recounted"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    json.dump(res, open(path, "w"), indent=1)
+    open(path[:-len(".json")] + ".md", "w").write(markdown(res, shapes))
+    print(markdown(res, shapes))
+
+
+def summarise(r, shape, N, G, T, roof, peak_key, share_prompt, segments):
     """Adds the FLOPs, each phase's achieved throughput and fraction of peak, and the speedups to `r`."""
     mcfg = model_config(shape)
-    fl = flops(mcfg, N * G, P_LEN, T, N if share_prompt else None)
+    fl = flops(mcfg, N * G, P_LEN, T, N if share_prompt else None, segments)
     ph = r.get("phases_s")
     peak = roof[peak_key]
     rate = lambda k, phase: fl[k] / ph[phase] / 1e9
