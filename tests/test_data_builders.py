@@ -150,3 +150,20 @@ def test_hub_download_is_used_when_no_local_file(tmp_path, monkeypatch):
     ds = builders.load_split("amc23", "test", tmp_path / "data", tmp_path / "empty_manual")
     assert calls == [("math-ai/amc23", "test.jsonl", "dataset")]
     assert sources.decode_record(ds[0])["problem"] == "From the hub?"
+
+
+def test_unknown_names_splits_and_empty_files_are_one_line_errors(tmp_path):
+    with pytest.raises(sources.DataConfigError, match="unknown dataset 'gsm8k'"):
+        builders.get_builder("gsm8k")
+    with pytest.raises(sources.DataConfigError, match="no builder config 'huge'"):
+        builders.get_builder("procedural_arithmetic", tmp_path, config="huge")
+    manual = tmp_path / "manual"
+    _jsonl(manual / "aime2025" / "test.jsonl", [{"problem": "ok", "answer": "1"}])
+    with pytest.raises(sources.DataConfigError, match=r"no split 'train'.*\['test'\]"):
+        builders.load_split("aime2025", "train", tmp_path / "data", manual)
+    empty = tmp_path / "m2" / "amc23" / "test.jsonl"
+    empty.parent.mkdir(parents=True)
+    empty.write_text("")
+    with pytest.raises(DataFormatError, match=r"test.jsonl: no rows") as e:
+        builders.load_split("amc23", "test", tmp_path / "data2", tmp_path / "m2")
+    assert "\n" not in str(e.value)

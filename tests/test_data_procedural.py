@@ -75,6 +75,8 @@ def test_templates():
     assert q in r1 and r1.endswith("Assistant: <think>")
     assert T.format_prompt(q, "plain") == f"Q: {q} A: "
     assert T.format_prompt(q, "Problem: {problem}\n") == f"Problem: {q}\n"
+    # the chat template around an instructed user turn (configs/r1_distill_qwen.py): turn tokens kept
+    assert T.format_prompt(q, "chat:{problem}\nReason step by step.", tok) == f"<user>{q}\nReason step by step.<assistant>"
     assert T.format_prompt(q, "sage") == f"{T.SAGE_SYSTEM_PROMPT}\n\n{q}\n"  # no tokenizer
     with pytest.raises(ValueError, match="unknown template"):
         T.make_template_fn("nope")

@@ -25,7 +25,9 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from sage_jax.data import procedural
-from sage_jax.data.sources import SPECS, SourceSpec, iter_records, missing_message, resolve_files
+from sage_jax.data.sources import (
+    SPECS, DataConfigError, SourceSpec, iter_records, missing_message, resolve_files,
+)
 
 VERSION = tfds.core.Version("1.0.0")
 
@@ -137,10 +139,24 @@ def arithmetic_config(
     if name is None:
         ops = "".join({"+": "p", "-": "m", "*": "t", "/": "d"}[o] for o in spec.operators)
         frac = str(spec.test_fraction).replace(".", "p")
-        name = (f"n{spec.min_operands}_{spec.max_operands}_v{spec.max_value}_{ops}_f{frac}"
-                f"_tr{num_train}_te{num_test}_s{seed}")
+        lo = f"{spec.min_value}_" if spec.min_value else ""
+        mix = "".join(f"_{n}{w:g}".replace(".", "p") for n, w in spec.strategy_mix)
+        name = (f"n{spec.min_operands}_{spec.max_operands}_v{lo}{spec.max_value}_{ops}_f{frac}"
+                f"_tr{num_train}_te{num_test}_s{seed}{mix}")
     return ArithmeticBuilderConfig(name=name, version=VERSION, spec=spec, num_train=num_train,
                                    num_test=num_test, seed=seed)
+
+
+# The embedded testbed (configs/tiny.py, experiments/tiny_base/). `strategies_sft` is the base model's SFT
+# corpus: 3-5 operands in 1..9 with + - *, worked solutions mixing two correct and two wrong procedures
+# (`sage_jax.data.strategies`), the correct ones a minority and `terms` rare. `strategies` is what RL trains
+# and is evaluated on: the same, plus 6-operand problems the base never saw (it rarely solves them, which
+# leaves room at large k). Both splits hash the expression alike, so no test problem is in either train split;
+# 50k training problems, so every RL step draws fresh ones.
+STRATEGY_MIX = (("rule", 0.2), ("terms", 0.05), ("left", 0.5), ("right", 0.25))
+STRATEGIES_SFT_TASK = dict(min_operands=3, max_operands=5, min_value=1, max_value=9, operators="+-*",
+                           strategy_mix=STRATEGY_MIX, num_train=50000, num_test=500)
+STRATEGIES_TASK = dict(STRATEGIES_SFT_TASK, max_operands=6)
 
 
 class ProceduralArithmetic(_Builder):
@@ -154,6 +170,8 @@ class ProceduralArithmetic(_Builder):
                           num_test=200),
         arithmetic_config("hard", min_operands=3, max_operands=5, max_value=20, operators="+-*/",
                           num_train=20000, num_test=1000),
+        arithmetic_config("strategies", **STRATEGIES_TASK),
+        arithmetic_config("strategies_sft", **STRATEGIES_SFT_TASK),
     ]
 
     def _info(self) -> tfds.core.DatasetInfo:
@@ -188,7 +206,10 @@ def get_builder(
 ) -> tfds.core.GeneratorBasedBuilder:
     """The builder for `name` (a key of `BUILDERS`), writing array_record files."""
     if name not in BUILDERS:
-        raise ValueError(f"unknown dataset {name!r}; known: {sorted(BUILDERS)}")
+        raise DataConfigError(f"unknown dataset {name!r}; known: {sorted(BUILDERS)}")
+    if isinstance(config, str) and config not in {c.name for c in BUILDERS[name].BUILDER_CONFIGS or ()}:
+        known = sorted(c.name for c in BUILDERS[name].BUILDER_CONFIGS or ())
+        raise DataConfigError(f"{name} has no builder config {config!r}; known: {known}")
     kwargs: dict[str, Any] = {"file_format": "array_record"}
     if data_dir is not None:
         kwargs["data_dir"] = os.fspath(os.path.expanduser(data_dir))
@@ -208,4 +229,6 @@ def load_split(
         manual_dir=os.fspath(os.path.expanduser(manual_dir)) if manual_dir else None
     )
     b.download_and_prepare(download_config=dl_config)
+    if split not in b.info.splits:
+        raise DataConfigError(f"{name} has no split {split!r}; it has {sorted(b.info.splits)}")
     return b.as_data_source(split)

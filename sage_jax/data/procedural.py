@@ -24,19 +24,34 @@ class ArithmeticSpec:
 
     min_operands: int = 2  # operands per expression, lower bound (>= 2)
     max_operands: int = 3  # operands per expression, upper bound
-    max_value: int = 9  # operands are drawn from [0, max_value]
+    max_value: int = 9  # operands are drawn from [min_value, max_value]
+    min_value: int = 0
     operators: str = "+-*"  # subset of "+-*/"; "/" is always exact division
     test_fraction: float = 0.1  # share of the expression space (by hash) that is test-only
+    # Solution procedures of the training records and their weights, e.g. (("rule", 0.3), ("left", 0.4)):
+    # each record's worked solution follows one procedure, drawn with these weights and opened by its tag
+    # (`sage_jax.data.strategies`). Empty: the untagged precedence solution of every record.
+    strategy_mix: tuple = ()
 
     def __post_init__(self) -> None:
         if not 2 <= self.min_operands <= self.max_operands:
             raise ValueError(f"need 2 <= min_operands <= max_operands, got {self}")
-        if self.max_value < 1:
-            raise ValueError(f"max_value must be >= 1, got {self.max_value}")
+        if not 0 <= self.min_value < self.max_value:
+            raise ValueError(f"need 0 <= min_value < max_value, got {self.min_value}, {self.max_value}")
         if not self.operators or set(self.operators) - set(OPERATORS):
             raise ValueError(f"operators must be a non-empty subset of {OPERATORS!r}")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.strategy_mix:
+            from sage_jax.data.strategies import STRATEGIES
+            names = [n for n, _ in self.strategy_mix]
+            if set(names) - set(STRATEGIES) or len(set(names)) != len(names):
+                raise ValueError(f"strategy_mix names must be distinct strategies of {sorted(STRATEGIES)}, "
+                                 f"got {names}")
+            if any(w <= 0 for _, w in self.strategy_mix):
+                raise ValueError(f"strategy_mix weights must be > 0, got {self.strategy_mix}")
+            if "/" in self.operators:
+                raise ValueError("strategy_mix needs operators from '+-*' (the procedures have no division)")
 
 
 Tokens = list  # alternating [int, str, int, str, ..., int]
@@ -49,7 +64,7 @@ def render(tokens: Tokens) -> str:
 def sample_expression(rng: random.Random, spec: ArithmeticSpec) -> Tokens:
     """Draw one expression; a `/` divisor always divides the running product of its term."""
     n = rng.randint(spec.min_operands, spec.max_operands)
-    tokens: Tokens = [rng.randint(0, spec.max_value)]
+    tokens: Tokens = [rng.randint(spec.min_value, spec.max_value)]
     term = tokens[0]  # value of the current */ chain, evaluated left to right
     for _ in range(n - 1):
         op = rng.choice(spec.operators)
@@ -58,7 +73,7 @@ def sample_expression(rng: random.Random, spec: ArithmeticSpec) -> Tokens:
             b = rng.choice(divisors) if divisors else 1
             term //= b
         else:
-            b = rng.randint(0, spec.max_value)
+            b = rng.randint(spec.min_value, spec.max_value)
             term = term * b if op == "*" else b
         tokens += [op, b]
     return tokens
@@ -99,16 +114,21 @@ def split_of(expression: str, test_fraction: float) -> str:
     return "test" if h / 2**64 < test_fraction else "train"
 
 
-def make_example(tokens: Tokens) -> dict:
-    """The shared record schema (see `sage_jax.data.schema`) for one expression."""
+def make_example(tokens: Tokens, strategy: str | None = None) -> dict:
+    """The shared record schema (see `sage_jax.data.sources`) for one expression; with `strategy`, the
+    worked solution follows that procedure (`sage_jax.data.strategies`, wrong ones included)."""
     steps = reduce_steps(tokens)
     expr, answer = render(tokens), str(steps[-1][0])
-    working = " = ".join(render(s) for s in steps)
+    if strategy is None:
+        solution = f"{' = '.join(render(s) for s in steps)}. \\boxed{{{answer}}}"
+    else:
+        from sage_jax.data.strategies import solution as strategy_solution
+        solution = strategy_solution(tokens, strategy)[0]
     return {
         "id": "arith-" + hashlib.sha256(expr.encode("ascii")).hexdigest()[:16],
         "problem": f"Compute {expr}.",
         "answer": answer,
-        "solution": f"{working}. \\boxed{{{answer}}}",
+        "solution": solution,
         "source": "procedural_arithmetic",
         "subject": "arithmetic",
         "level": (len(tokens) + 1) // 2,
@@ -138,5 +158,10 @@ def generate(spec: ArithmeticSpec, split: str, num_examples: int, seed: int = 0)
             continue
         misses = 0
         seen.add(expr)
-        out.append(make_example(tokens))
+        strategy = None
+        if spec.strategy_mix:
+            names, weights = zip(*spec.strategy_mix)
+            # test records show a correct procedure; only the training corpus mixes them
+            strategy = rng.choices(names, weights)[0] if split == "train" else "rule"
+        out.append(make_example(tokens, strategy))
     return out

@@ -2,6 +2,12 @@
 
 Characters are printable ASCII (the procedural task needs nothing else); three special tokens follow
 the Qwen2 chat convention so the same templates and stop ids work for tiny and real models.
+
+The tokenizer is written as a byte-level BPE with no merges, the exact pipeline of transformers'
+`Qwen2Tokenizer`: `AutoTokenizer` turns any tokenizer of a `qwen2` checkpoint into that class
+(whatever `tokenizer_class` says), so outside tools (TRL, vLLM, lm-eval, `pipeline()`) get the same
+ids as this project only if the file already is what that class rebuilds. With no merges every
+character stays one token; space, newline and tab are stored as their byte-level symbols.
 """
 
 from __future__ import annotations
@@ -17,14 +23,22 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 
 def char_tokenizer():
-    """A `transformers` fast tokenizer: one token per character, specials matched whole."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A `transformers` fast tokenizer: one token per character (id = 3 + index in CHARS), specials
+    matched whole; byte-level BPE without merges, so `AutoTokenizer` reads it back with the same ids."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[0]))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    symbol = bytes_to_unicode()  # byte -> the printable symbol byte-level BPE stores it as
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    vocab.update({symbol[ord(c)]: len(SPECIALS) + i for i, c in enumerate(CHARS)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIALS[0], eos_token=SPECIALS[2])
     fast.chat_template = CHAT_TEMPLATE
