@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # A rerun resumes from the checkpoints in WORKDIR (delete it to start over).
 WORKDIR ?= /tmp/sage_jax_demo
+# extra flags for the demo run, e.g. DEMO_ARGS="--config.max_steps=3" (CI's smoke run)
+DEMO_ARGS ?=
 
 .PHONY: demo test install install-test clean
 
@@ -24,7 +26,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
-	$(PY) -m sage_jax.main --config=configs/tiny.py --workdir=$(WORKDIR)
+	$(PY) -m sage_jax.main --config=configs/tiny.py --workdir=$(WORKDIR) $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests

@@ -22,7 +22,9 @@ def get_config(arg=None):
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "bfloat16"
     c.data.name = "dapo_math_17k"
-    c.data.template = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
+    # The model's own chat template (BOS, <｜User｜> / <｜Assistant｜> turns, the opened <think>), the instruction
+    # in the user turn after the problem, no system prompt (the model card's advice)
+    c.data.template = "chat:{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
     c.data.batch_size = 32  # prompts per step (x 8 = 256 completions)
     c.data.max_prompt_tokens = 512
     c.data.max_answer_tokens = 64

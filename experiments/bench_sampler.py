@@ -3,7 +3,7 @@
     .venv/bin/python experiments/bench_sampler.py [--rows 64] [--new 128]
 
 Prints, per config: prefill+decode wall time (median of 3 after a compile run), completion tokens/s,
-and the decode step time against the matmul floor of the machine (see DESIGN §7).
+and the decode step time against the matmul floor of the machine (see docs/design.md §7).
 """
 
 import argparse

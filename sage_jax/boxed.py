@@ -38,37 +38,37 @@ def normalize_whitespace(text: str) -> str:
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def _braced_group(text: str, start: int) -> str | None:
-    """Content of the `{...}` group opening at `text[start]`, or None if it never closes.
+def _brace_pairs(text: str) -> dict[int, int]:
+    """Index of each `{` -> index of the `}` that closes it, in one pass (unclosed ones are absent).
 
     A backslash escapes the next character, so `\\{` and `\\}` do not count as braces (as in TeX),
-    while `\\\\{` (a line break, then a brace) does.
+    while `\\\\{` (a line break, then a brace) does. Linear in the text, so hostile input (thousands
+    of unclosed `\\boxed{`) costs no more than clean input of its length.
     """
-    depth, i = 0, start
-    while i < len(text):
+    pairs, stack, i, n = {}, [], 0, len(text)
+    while i < n:
         ch = text[i]
         if ch == "\\":
             i += 2
             continue
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
+            stack.append(i)
+        elif ch == "}" and stack:
+            pairs[stack.pop()] = i
         i += 1
-    return None
+    return pairs
 
 
-def _box_content(text: str, pos: int) -> str | None:
+def _box_content(text: str, pos: int, pairs: dict[int, int]) -> str | None:
     """Argument of a `\\boxed` whose name ends at `pos`, or None when it never closes."""
     while pos < len(text) and text[pos].isspace():
         pos += 1
     if pos >= len(text):
         return None
     if text[pos] == "{":
-        return _braced_group(text, pos)
-    return re.match(r"[^\s$]*", text[pos:]).group(0)  # `\boxed 5`: one token, up to `$`
+        close = pairs.get(pos)
+        return None if close is None else text[pos + 1:close]
+    return re.match(r"[^\s$]*", text[pos:pos + 256]).group(0)  # `\boxed 5`: one token, up to `$`
 
 
 def last_boxed(text: str) -> str | None:
@@ -78,8 +78,12 @@ def last_boxed(text: str) -> str | None:
     Braces are matched by hand because math-verify merges several boxed answers into one set. A last
     box that never closes (a truncated generation) falls back to the previous complete one.
     """
-    for match in reversed(list(_BOXED_RE.finditer(text))):
-        content = _box_content(text, match.end())
+    matches = list(_BOXED_RE.finditer(text))
+    if not matches:
+        return None
+    pairs = _brace_pairs(text)
+    for match in reversed(matches):
+        content = _box_content(text, match.end(), pairs)
         if content is not None:
             return content.strip()
     return None

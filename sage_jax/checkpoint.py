@@ -7,8 +7,9 @@ Under LoRA `params` are the adapters only (the base is frozen and never saved); 
 base (`base_model`, `lora`), and the loop refuses to resume onto a different one.
 
 Restore walks the steps newest first; a checkpoint that fails to restore (corrupted, half-written by a
-killed process that bypassed Orbax's atomic rename) is skipped with a warning and the previous one is
-used. Saves are asynchronous; `close()` waits for them.
+killed process that bypassed Orbax's atomic rename) is skipped with a warning, moved to
+`DIR/checkpoints.corrupt/<step>`, and the previous one is used. Saves are asynchronous; `close()` waits
+for them.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Checkpointer:
             except Exception as e:  # corrupted or incomplete: fall back to an older one
                 log.warning("checkpoint at step %d in %s could not be restored (%s: %s); trying the previous one",
                             step, self.directory, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                self._quarantine(step)
                 continue
             tree = out["state"]
             key = jax.random.wrap_key_data(tree["rng"], impl=jax.random.key_impl(template_state.rng))
@@ -79,6 +81,31 @@ class Checkpointer:
             return state, dict(out["meta"])
         return None
 
+    def _quarantine(self, step: int) -> None:
+        """Moves an unrestorable step out of the way (to DIR/checkpoints.corrupt/) so that the run, once it
+        reaches that step again, writes a good one there instead of finding the step taken. Single-process
+        only: with several processes every host reads the directory, and the file stays where it is."""
+        if jax.process_count() > 1:
+            return
+        src = os.path.join(self.directory, str(step))
+        if not os.path.isdir(src):
+            return
+        dst_root = self.directory.rstrip(os.sep) + ".corrupt"
+        os.makedirs(dst_root, exist_ok=True)
+        dst = os.path.join(dst_root, str(step))
+        k = 1
+        while os.path.exists(dst):
+            dst, k = os.path.join(dst_root, f"{step}.{k}"), k + 1
+        os.rename(src, dst)
+        log.warning("moved the unrestorable checkpoint of step %d to %s", step, dst)
+        self.manager.reload()
+
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for saves under way, then closes; a second call does nothing."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        try:
+            self.manager.wait_until_finished()
+        finally:
+            self.manager.close()

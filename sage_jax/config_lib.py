@@ -75,6 +75,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.estimator = "k3"  # k1 | k2 | k3
     c.rl.kl_mode = "reverse"  # reverse (shaped anchor) | forward (exact, to pi_ref)
     c.rl.loss_type = "grpo"  # grpo | bnpo | dr_grpo | dapo
+    c.rl.dapo_normalizer = "generation"  # dapo, M > 1: generation (TRL 0.23, reference) | window (TRL >= 1.x)
     c.rl.eps_low = 0.2
     c.rl.eps_high = 0.2
     c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
@@ -119,6 +120,7 @@ def default_config() -> ml_collections.ConfigDict:
     # mode=eval: models to compare (name -> HF dir, hub id, or a run dir of this project) and
     # benchmarks ("dataset[:split]" list; see sage_jax/data/README.md)
     c.eval.models = ml_collections.ConfigDict()
+    c.eval.model_list = ""  # the same from the command line: 'NAME=DIR,NAME=DIR' (added after eval.models)
     c.eval.benchmarks = "procedural_arithmetic:test"
 
     c.mesh = ml_collections.ConfigDict()
@@ -196,6 +198,10 @@ def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
         raise ConfigValidationError(
             f"sage.guide={c.sage.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does not exist "
             "without a KL term; set sage.guide='none' or rl.beta > 0")
+    if c.rl.kl_mode == "forward" and c.sage.guide != "none":
+        raise ConfigValidationError(
+            f"sage.guide={c.sage.guide!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref itself and a "
+            "guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
     if c.rollout.group_size < 2:
         raise ConfigValidationError(f"rollout.group_size={c.rollout.group_size}: group advantages need >= 2")
     if c.rl.scale_rewards not in ("group", "batch", "none"):
@@ -207,7 +213,8 @@ def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
                         num_minibatches=c.rl.num_minibatches,
                         grad_accum_steps=c.rl.get("grad_accum_steps", 1),
                         max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
-                        share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"))
+                        share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"),
+                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"))
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 
@@ -219,6 +226,34 @@ def optim_config(c) -> OptimConfig:
                            total_steps=c.max_steps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
+
+
+def validate_eval(c) -> None:
+    e = c.eval
+    for k, lo in (("n", 1), ("batch_size", 1), ("max_new_tokens", 1), ("num_problems", 0)):
+        if int(e[k]) < lo:
+            raise ConfigValidationError(f"eval.{k}={e[k]} must be >= {lo}")
+    if not e.temperature >= 0:
+        raise ConfigValidationError(f"eval.temperature={e.temperature} must be >= 0 (0 = greedy)")
+    if not 0 < e.top_p <= 1:
+        raise ConfigValidationError(f"eval.top_p={e.top_p} must be in (0, 1]")
+    if c.eval_every < 0:
+        raise ConfigValidationError(f"eval_every={c.eval_every} must be >= 0")
+    eval_models(c)
+
+
+def eval_models(c) -> dict[str, str]:
+    """`mode=eval`'s models: `eval.models` (a dict, in config files) and `eval.model_list`
+    ('NAME=DIR,NAME=DIR', from the command line), in that order."""
+    models = dict(c.eval.get("models") or {})
+    for item in [x.strip() for x in (c.eval.get("model_list") or "").split(",") if x.strip()]:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigValidationError(f"eval.model_list: {item!r} is not NAME=DIR")
+        if name.strip() in models:
+            raise ConfigValidationError(f"eval.model_list: model {name.strip()!r} is named twice")
+        models[name.strip()] = path.strip()
+    return models
 
 
 def validate(c, num_devices: int | None = None) -> None:
@@ -240,6 +275,13 @@ def validate(c, num_devices: int | None = None) -> None:
     lora_config(c)
     if c.data.batch_size < 1:
         raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")
+    from sage_jax.data.builders import BUILDERS
+    names = [c.data.name] + [b.strip().partition(":")[0] for b in c.eval.benchmarks.split(",") if b.strip()]
+    fields = ["data.name"] + ["eval.benchmarks"] * (len(names) - 1)
+    for field, name in zip(fields, names):
+        if name not in BUILDERS:
+            raise ConfigValidationError(f"{field}: unknown dataset {name!r}; known: {sorted(BUILDERS)}")
+    validate_eval(c)
     if c.mode == "rl":
         rl_config(c)
     optim_config(c)
@@ -260,6 +302,9 @@ def validate(c, num_devices: int | None = None) -> None:
                 f"data.batch_size={c.data.batch_size}"
                 + (f" x rollout.group_size={c.rollout.group_size}" if c.mode == "rl" else "")
                 + f" = {rows} rows is not divisible by the {batch_shards} batch shards of mesh.shape={shape}")
+        if c.eval.batch_size % batch_shards:
+            raise ConfigValidationError(f"eval.batch_size={c.eval.batch_size} sampler rows are not divisible by the "
+                                        f"{batch_shards} batch shards of mesh.shape={shape}")
         if c.mode == "rl" and rows % c.rl.num_minibatches:
             raise ConfigValidationError(f"{rows} rows not divisible by rl.num_minibatches={c.rl.num_minibatches}")
         accum = c.rl.get("grad_accum_steps", 1)

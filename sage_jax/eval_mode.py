@@ -82,8 +82,18 @@ def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem
     return out
 
 
+def strategy_fn_for(benchmarks) -> "StrategyFn | None":
+    """The procedure labeller of the procedural task (`strategies.strategy_of`) when a benchmark is that task,
+    so evaluations count distinct correct procedures; None for other benchmarks."""
+    if any(b.partition(":")[0] == "procedural_arithmetic" for b in benchmarks):
+        from sage_jax.data.strategies import strategy_of
+        return strategy_of
+    return None
+
+
 def run(c, workdir: str) -> dict:
-    models = dict(c.eval.models) if c.eval.get("models") else {"model": c.model.path}
+    config_lib.validate_eval(c)
+    models = config_lib.eval_models(c) or {"model": c.model.path}
     for name, path in models.items():
         if not (os.path.isdir(path) or path.count("/") == 1):
             raise config_lib.ConfigValidationError(f"eval.models.{name}={path!r}: no such directory")
@@ -112,9 +122,9 @@ def run(c, workdir: str) -> dict:
             return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build
 
-    results = evaluate_models({k: factory(v) for k, v in models.items()},
-                              benchmarks_from_config(c, workdir, tokenizer), make_reward_fn(c.rl.reward), settings,
-                              workdir, sources=models, is_writer=jax.process_index() == 0,
-                              progress=c.logging.progress)
+    benchmarks = benchmarks_from_config(c, workdir, tokenizer)
+    results = evaluate_models({k: factory(v) for k, v in models.items()}, benchmarks, make_reward_fn(c.rl.reward),
+                              settings, workdir, sources=models, is_writer=jax.process_index() == 0,
+                              progress=c.logging.progress, strategy_fn=strategy_fn_for(benchmarks))
     print(open(os.path.join(workdir, "eval", "results.md")).read())
     return results

@@ -173,3 +173,65 @@ def write_reports(summary: Mapping[str, Any], eval_dir: str | os.PathLike,
     plot_pass_at_k(summary, paths["pass_at_k"])
     plot_pass1_vs_passk(summary, paths["scatter"])
     return paths
+
+
+# ----------------------------------------------------------------------------- a training run
+
+RUN_PLOT = "run.png"
+_RUN_ROWS = ("distinct_correct_strategies", "mean_length")
+
+
+def gain_table(summary: Mapping[str, Any], before: str, after: str, bench: str | None = None) -> str:
+    """Markdown: each metric of `before` and `after` with its CI, and the paired gain `after - before`
+    with its CI (same resampled problems), for one benchmark or the average over several."""
+    bench = bench or (next(iter(summary["benchmarks"])) if len(summary["benchmarks"]) == 1 else AVERAGE)
+    ks = summary["benchmarks"][bench]["ks"] if bench != AVERAGE else summary["average"]["ks"]
+    b, a = summary["models"][before].get(bench, {}), summary["models"][after].get(bench, {})
+    if summary.get("base_model") == before:
+        gain = summary.get("deltas", {}).get(after, {}).get(bench, {})
+    else:
+        gain = {}
+    metrics = [f"pass@{k}" for k in ks] + [m for m in _RUN_ROWS if m in a]
+    metrics += sorted(m for m in a if m.startswith("share/"))
+    level = int(round(100 * summary.get("ci_level", 0.95)))
+    rows = [[m, format_stat(m, b.get(m)), format_stat(m, a.get(m)), format_stat(m, gain.get(m))] for m in metrics]
+    return "\n".join(_table(["metric", before, after, f"gain [{level}% CI, paired]"], rows))
+
+
+def plot_run(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None,
+             path: str | os.PathLike) -> None:
+    """Training reward (and KL, entropy) per step, and pass@k of every evaluated step with CI bands."""
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    ax_r, ax_k = fig.subplots(1, 2)
+    train = [r for r in rows if "reward/reward_mean" in r]
+    if train:
+        x = [r["step"] for r in train]
+        y = [r["reward/reward_mean"] for r in train]
+        ax_r.plot(x, y, color="C0", alpha=0.35, lw=1, label="reward (per step)")
+        w = max(1, len(y) // 8)
+        smooth = [sum(y[max(0, i - w + 1):i + 1]) / len(y[max(0, i - w + 1):i + 1]) for i in range(len(y))]
+        ax_r.plot(x, smooth, color="C0", lw=2, label=f"reward (mean of {w})")
+        ax_r.set_ylim(-0.02, 1.02)
+    ax_r.set_xlabel("RL step")
+    ax_r.set_ylabel("training reward")
+    ax_r.grid(alpha=0.3)
+    ax_r.legend(fontsize=8, loc="upper left")
+    if summary is not None:
+        bench = next(iter(summary["benchmarks"])) if len(summary["benchmarks"]) == 1 else AVERAGE
+        ks = summary["benchmarks"][bench]["ks"] if bench != AVERAGE else summary["average"]["ks"]
+        for i, (model, per_bench) in enumerate(summary["models"].items()):
+            stats = per_bench.get(bench)
+            if stats is None:
+                continue
+            ax_k.plot(ks, [stats[f"pass@{k}"]["mean"] for k in ks], marker="o", ms=3, color=_color(i), label=model)
+            ax_k.fill_between(ks, [stats[f"pass@{k}"]["lo"] for k in ks], [stats[f"pass@{k}"]["hi"] for k in ks],
+                              color=_color(i), alpha=0.2, linewidth=0)
+        ax_k.set_xscale("log", base=2)
+        ax_k.set_xticks(ks, [str(k) for k in ks])
+        ax_k.set_title(_title(summary, bench), fontsize=9)
+        ax_k.legend(fontsize=8)
+    ax_k.set_xlabel("k")
+    ax_k.set_ylabel("held-out pass@k")
+    ax_k.set_ylim(-0.02, 1.02)
+    ax_k.grid(alpha=0.3)
+    _save(fig, Path(path))

@@ -20,8 +20,10 @@ if TYPE_CHECKING:  # evaluate imports this module; the types are only for annota
 
 def problem_metrics(
     records: Sequence[dict], ks: Sequence[int], settings: EvalSettings, bench: str, ids: Sequence[str],
+    strategy_labels: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
-    """Per-problem metric columns [P] of one (model, benchmark) from its stored records."""
+    """Per-problem metric columns [P] of one (model, benchmark) from its stored records; with labelled
+    procedures, also `share/<label>` (share of the problem's samples that follow it) per label."""
     n = len(records[0]["correct"])
     c_P = np.array([r["num_correct"] for r in records], np.int64)
     pass_PxK = em.pass_at_k(n, c_P[:, None], np.asarray(ks)[None, :])
@@ -42,6 +44,12 @@ def problem_metrics(
     ], np.float64)
     cols["distinct_correct_completions"] = np.array(
         [r["distinct_correct_completions"] for r in records], np.float64)
+    if all("strategies" in r for r in records):  # procedures labelled (evaluate_models' strategy_fn)
+        cols["distinct_correct_strategies"] = np.array([
+            len({s for s, ok in zip(r["strategies"], r["correct"]) if ok and s is not None}) for r in records
+        ], np.float64)
+        for label in strategy_labels:
+            cols[f"share/{label}"] = np.array([np.mean([s == label for s in r["strategies"]]) for r in records])
     cols["mean_entropy"] = np.array([
         em.nanmean(np.array([np.nan if e is None else e for e in r["mean_entropy"]], np.float64))
         for r in records
@@ -58,14 +66,17 @@ def summarize(
 
     Every model is bootstrapped with the same resampled problems of a benchmark (paired), and
     the average resamples each benchmark independently (stratified) and averages their means.
-    Only (model, benchmark) pairs whose every problem is finished are summarised.
+    Only (model, benchmark) pairs whose every problem is finished are summarised. `deltas[model]`
+    holds each metric's difference to the base model, paired over problems (the same resamples).
     """
     base = settings.base_model or model_names[0]
     summary: dict[str, Any] = {
         "base_model": base, "ci_level": settings.ci_level, "benchmarks": {},
         "models": {m: {} for m in model_names}, "per_problem": {m: {} for m in model_names},
+        "deltas": {m: {} for m in model_names if m != base},
     }
     reps: dict[str, dict[str, tuple[list[str], np.ndarray]]] = {m: {} for m in model_names}
+    columns: dict[str, dict[str, dict[str, np.ndarray]]] = {m: {} for m in model_names}
 
     def complete(model: str, bench: str) -> list[dict] | None:
         """The records of every problem of `bench` in order, or None if any is missing."""
@@ -84,11 +95,13 @@ def summarize(
             len(problems), settings.bootstrap_resamples,
             em.stable_seed(settings.stat_seed, "bootstrap", bench))
         base_records = complete(base, bench)
+        labels = sorted({x for m in model_names for r in (complete(m, bench) or ())
+                         for x in r.get("strategies", ()) if x is not None})
         for model in model_names:
             records = complete(model, bench)
             if records is None:
                 continue
-            cols = problem_metrics(records, ks, settings, bench, ids)
+            cols = problem_metrics(records, ks, settings, bench, ids, labels)
             if base_records is not None:
                 solved_base = np.array([r["num_correct"] > 0 for r in base_records])
                 solved = np.array([r["num_correct"] > 0 for r in records])
@@ -96,6 +109,7 @@ def summarize(
             stats, reps_BxM = em.summarize_columns(cols, weights_BxP, settings.ci_level)
             summary["models"][model][bench] = _clean_stats(stats)
             reps[model][bench] = (list(cols), reps_BxM)
+            columns[model][bench] = cols
             summary["per_problem"][model][bench] = {
                 pid: {name: em.finite_or_none(col[i]) for name, col in cols.items()}
                 for i, pid in enumerate(ids)
@@ -106,7 +120,30 @@ def summarize(
         if len(reps[model]) == len(benchmarks):
             summary["models"][model]["average"] = _average(
                 summary["models"][model], reps[model], settings.ci_level)
+    for model in summary["deltas"]:
+        delta_reps = {}
+        for bench in benchmarks:
+            if bench in columns[model] and bench in columns[base]:
+                stats, delta_reps[bench] = _paired_delta(columns[model][bench], reps[model][bench],
+                                                         columns[base][bench], reps[base][bench], settings.ci_level)
+                summary["deltas"][model][bench] = stats
+        if len(delta_reps) == len(benchmarks):
+            summary["deltas"][model]["average"] = _average(summary["deltas"][model], delta_reps,
+                                                           settings.ci_level)
     return summary
+
+
+def _paired_delta(cols: dict[str, np.ndarray], reps: tuple[list[str], np.ndarray],
+                  base_cols: dict[str, np.ndarray], base_reps: tuple[list[str], np.ndarray],
+                  level: float) -> tuple[dict, tuple[list[str], np.ndarray]]:
+    """Mean and CI of (model - base) per metric both have, from replicates over the same resampled problems."""
+    names = [k for k in cols if k in base_cols]
+    (mn, m_BxM), (bn, b_BxM) = reps, base_reps
+    d_BxM = m_BxM[:, [mn.index(k) for k in names]] - b_BxM[:, [bn.index(k) for k in names]]
+    lo, hi = em.percentile_ci(d_BxM, level)
+    stats = {k: {"mean": em.finite_or_none(em.nanmean(cols[k] - base_cols[k])), "lo": em.finite_or_none(lo[j]),
+                 "hi": em.finite_or_none(hi[j])} for j, k in enumerate(names)}
+    return stats, (names, d_BxM)
 
 
 def _clean_stats(stats: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:

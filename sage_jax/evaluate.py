@@ -67,6 +67,9 @@ class Generator(Protocol):
 ModelFactory = Callable[["EvalSettings"], Generator]
 RewardFn = Callable[[list[str], list[str]], np.ndarray]
 AnswerFn = Callable[[str], "str | None"]
+# Labels a completion with the solution procedure it follows (None: none recognised), e.g.
+# `sage_jax.data.strategies.strategy_of`; evaluations with one count distinct correct procedures.
+StrategyFn = Callable[[str], "str | None"]
 
 
 class SettingsMismatchError(ValueError):
@@ -238,12 +241,13 @@ def _pending(entry: dict | None, problems: Sequence[Problem]) -> list[Problem]:
 
 def _problem_record(
     problem: Problem, seed: int, completions: Sequence[Completion], rewards_N: np.ndarray,
-    threshold: float, answer_fn: AnswerFn,
+    threshold: float, answer_fn: AnswerFn, strategy_fn: StrategyFn | None = None,
 ) -> dict:
     """Raw per-sample results of one problem (what results.json keeps; metrics derive from it)."""
     correct_N = rewards_N >= threshold
     texts = [em.normalize_whitespace(c.text) for c in completions]
     answers = [answer_fn(c.text) for c in completions]
+    extra = {"strategies": [strategy_fn(c.text) for c in completions]} if strategy_fn is not None else {}
     return {
         "answer": problem.answer,
         "prompt_sha1": _sha1(problem.prompt),
@@ -259,13 +263,14 @@ def _problem_record(
         "answers": answers,
         # Texts are not stored (too large at n = 1024), so their diversity is counted here.
         "distinct_correct_completions": len({t for t, ok in zip(texts, correct_N) if ok}),
+        **extra,
     }
 
 
 def _sample_benchmark(
     generator: Generator, model: str, bench: str, problems: Sequence[Problem], entry: dict,
     reward_fn: RewardFn, answer_fn: AnswerFn, settings: EvalSettings,
-    save: Callable[[], None], progress: bool,
+    save: Callable[[], None], progress: bool, strategy_fn: StrategyFn | None = None,
 ) -> None:
     """Sample, verify and store every pending problem of one benchmark, saving after each batch."""
     n = entry["n"]
@@ -292,7 +297,7 @@ def _sample_benchmark(
             for j, (p, out) in enumerate(zip(todo, outputs)):
                 rewards_N = rewards[j * n : (j + 1) * n]
                 entry["problems"][p.id] = _problem_record(
-                    p, seed, out, rewards_N, settings.correct_threshold, answer_fn
+                    p, seed, out, rewards_N, settings.correct_threshold, answer_fn, strategy_fn
                 )
             save()
             bar.update(len(todo))
@@ -312,6 +317,7 @@ def evaluate_models(
     progress: bool = True,
     write_report: bool = True,
     is_writer: bool = True,
+    strategy_fn: StrategyFn | None = None,
 ) -> dict:
     """Evaluate every model on every benchmark into `workdir/eval/`; returns the results dict.
 
@@ -322,10 +328,14 @@ def evaluate_models(
     `pass1_vs_passk.png`. Exceptions of the generator propagate after the finished batches are
     saved, so an interrupted run resumes where it stopped. In a multi-process job pass
     `is_writer=(jax.process_index() == 0)`: every process samples, only the writer writes files.
+    With `strategy_fn`, every sample's procedure is stored and `distinct_correct_strategies` (distinct
+    procedures among a problem's correct samples) joins the metrics.
     """
     _validate_inputs(models, benchmarks, settings)
     sources = dict(sources or {})
     verifier = {"reward_fn": callable_name(reward_fn), "answer_fn": callable_name(answer_fn)}
+    if strategy_fn is not None:
+        verifier["strategy_fn"] = callable_name(strategy_fn)
     results = load_results(workdir)
     if results is None:
         results = {"schema_version": SCHEMA_VERSION, "settings": settings.to_json(),
@@ -351,7 +361,7 @@ def evaluate_models(
         try:
             for bench, problems in benchmarks.items():
                 _sample_benchmark(generator, model, bench, problems, entry["benchmarks"][bench],
-                                  reward_fn, answer_fn, settings, save, progress)
+                                  reward_fn, answer_fn, settings, save, progress, strategy_fn)
         finally:
             close = getattr(generator, "close", None)
             if callable(close):

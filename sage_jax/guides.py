@@ -98,7 +98,7 @@ def _check_range(q_min: float, q_max: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The public guide functions (DESIGN §6 interface).
+# The public guide functions (docs/design.md §6 interface).
 # ---------------------------------------------------------------------------------------------
 
 

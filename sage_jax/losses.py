@@ -3,7 +3,7 @@
 Dimension key: ``B`` batch (completions), ``G`` group size, ``T`` completion length,
 ``V`` vocab. ``m_t`` = 1 on real completion tokens, 0 on padding and after EOS.
 
-Per token (DESIGN §2)::
+Per token (docs/design.md §2)::
 
     lp_t  = log pi_theta(y_t | .)            differentiated
     old_t = same under the sampling policy    stop-gradient (None -> lp_t, one update per rollout)
@@ -99,7 +99,7 @@ def _ftype(x: Array) -> jnp.dtype:
 def per_token_kl(
     logp: Array, ref_logp: Array, log_q: Array | None = None, estimator: str = "k3"
 ) -> Array:
-    """Elementwise KL estimate against the anchor ``ref_logp + log_q`` (DESIGN §2).
+    """Elementwise KL estimate against the anchor ``ref_logp + log_q`` (docs/design.md §2).
 
     ``d = ref_logp + log_q - logp``; k3 ``exp(d) - d - 1``, k1 ``-d``, k2 ``d^2 / 2``.
     No masking here: ``policy_loss`` zeroes padded inputs before calling it.

@@ -7,11 +7,14 @@ to the restored step, so a resumed run's metrics file equals an uninterrupted ru
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def _py(v: Any):
@@ -40,14 +43,26 @@ class MetricWriter:
                 raise RuntimeError("logging.wandb=True needs `pip install wandb`") from None
             self._wandb = wandb.init(**wandb_cfg)
 
-    def truncate_after(self, step: int) -> None:
-        """Drops lines of steps > `step` (written by a run that died after its last checkpoint)."""
+    def rows(self) -> list[dict]:
+        """The rows on disk (see `read_metrics`); none when disabled or not yet written."""
+        if not self.enabled or not os.path.exists(self.path):
+            return []
+        return read_metrics(os.path.dirname(self.path))
+
+    def truncate_after(self, step: int | None) -> None:
+        """Keeps the rows of steps <= `step` (a run that died after its last checkpoint wrote more), or
+        none with `step=None` (no checkpoint to resume from: the run starts over). Atomic."""
         if not self.enabled or not os.path.exists(self.path):
             return
-        with open(self.path) as f:
-            keep = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= step]
-        with open(self.path, "w") as f:
-            f.writelines(keep)
+        rows = self.rows()
+        keep = [r for r in rows if step is not None and r["step"] <= step]
+        if len(keep) < len(rows):
+            log.warning("%s: dropping %d rows after step %s (not covered by a checkpoint)", self.path,
+                        len(rows) - len(keep), step if step is not None else "0 (no checkpoint)")
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(tmp, self.path)
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), **{k: _py(v) for k, v in sorted(metrics.items())}}
@@ -75,5 +90,27 @@ class MetricWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(ln) for ln in f if ln.strip()]
+    """Every row of DIR/metrics.jsonl. A last line cut short (a process killed mid-write) is skipped with a
+    warning; a malformed line anywhere else is an error naming the file and line."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path) as f:
+        lines = f.read().split("\n")
+    rows = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            row = json.loads(ln)
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2 and not any(x.strip() for x in lines[i + 1:]):
+                log.warning("%s: line %d is cut short (a killed write?); ignoring it", path, i + 1)
+                continue
+            raise MetricsFileError(f"{path}: line {i + 1} is not JSON: {ln[:80]!r}") from None
+        if not isinstance(row, dict) or "step" not in row:
+            raise MetricsFileError(f"{path}: line {i + 1} has no 'step': {ln[:80]!r}")
+        rows.append(row)
+    return rows
+
+
+class MetricsFileError(ValueError):
+    """metrics.jsonl holds a line that is not a metrics row (not a write cut short by a kill)."""

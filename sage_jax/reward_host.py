@@ -48,30 +48,43 @@ class HostReward:
                  for a in np.asarray(answers_BxA)]
         return comps, golds
 
-    def _call(self, comps, golds) -> np.ndarray:
-        r = np.asarray(self.reward_fn(comps, golds), dtype=np.float32).reshape(-1)
+    def _call(self, comps, golds) -> tuple[np.ndarray, np.ndarray]:
+        if hasattr(self.reward_fn, "with_failures"):
+            r, codes = self.reward_fn.with_failures(comps, golds)
+        else:
+            r, codes = self.reward_fn(comps, golds), np.zeros(len(comps), np.int32)
+        r = np.asarray(r, dtype=np.float32).reshape(-1)
         if r.shape[0] != len(comps):
             raise ValueError(f"reward function returned {r.shape[0]} values for {len(comps)} completions")
-        return r
+        return r, np.asarray(codes, np.int32).reshape(-1)
 
     def __call__(self, tokens_BxT, mask_BxT, answers_BxA):
+        """(rewards_B, failed_B): failed is 0 where the reward is a verdict, else a `rewards.FAIL_*` code
+        (the reward function raised or gave NaN / inf: 1; verifier timeout: 2; gold unparsable: 3; verifier
+        error: 4); a failed sample scores 0, is counted in the step's metrics and named in the log."""
+        from sage_jax.rewards import FAIL_NAMES, FAIL_RAISED
         comps, golds = self.texts(tokens_BxT, mask_BxT, answers_BxA)
         B = len(comps)
         failed = np.zeros(B, np.int32)
         try:
-            rewards = self._call(comps, golds)
+            rewards, failed = self._call(comps, golds)
         except Exception as e:  # isolate the failing sample(s) rather than losing the batch
             log.warning("reward function raised on the batch (%s: %s); retrying per sample", type(e).__name__, e)
             rewards = np.zeros(B, np.float32)
             for i in range(B):
                 try:
-                    rewards[i] = self._call([comps[i]], [golds[i]])[0]
+                    r, c = self._call([comps[i]], [golds[i]])
+                    rewards[i], failed[i] = r[0], c[0]
                 except Exception:
-                    failed[i] = 1
+                    failed[i] = FAIL_RAISED
         bad = ~np.isfinite(rewards)
-        failed[bad] = 1
-        rewards[bad | failed.astype(bool)] = 0.0
-        return rewards.astype(np.float32), failed
+        failed[bad] = FAIL_RAISED
+        rewards[bad | (failed > 0)] = 0.0
+        if failed.any():
+            shown = "; ".join(f"{FAIL_NAMES.get(int(failed[i]), failed[i])}: gold {golds[i][:40]!r}, completion "
+                              f"...{comps[i][-60:]!r}" for i in np.flatnonzero(failed)[:3])
+            log.warning("reward: %d of %d samples not verified (scored 0): %s", int((failed > 0).sum()), B, shown)
+        return rewards.astype(np.float32), failed.astype(np.int32)
 
 
 def host_rewards(reward_host: HostReward, tokens_BxT, mask_BxT, answers_BxA, mesh=None):

@@ -16,8 +16,8 @@ import numpy as np
 
 from sage_jax.boxed import last_boxed, to_text  # noqa: F401  (re-exported)
 from sage_jax.verifier_pool import (  # noqa: F401  (re-exported)
-    DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, RewardStats, VerifierPool, default_num_workers,
-    default_pool,
+    DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, RewardStats, VerifierPool, as_batch,
+    default_num_workers, default_pool,
 )
 
 logger = logging.getLogger(__name__)
@@ -38,9 +38,9 @@ def math_verify_reward_with_stats(
     try:
         return (pool or default_pool()).verify(completions, answers, timeout_s=timeout_s)
     except Exception as e:  # noqa: BLE001  (e.g. mismatched lengths: still never raise)
-        logger.exception("math_verify_reward failed: %s", e)
-        n = len(completions)
-        return np.zeros((n,), np.float32), RewardStats(n=n, errors=n)
+        logger.error("math_verify_reward failed, scoring the batch 0: %s: %s", type(e).__name__, e)
+        n = len(as_batch(completions))
+        return np.zeros((n,), np.float32), RewardStats(n=n, errors=n, statuses=["error:call"] * n)
 
 
 def math_verify_reward(
@@ -108,6 +108,7 @@ def exact_match_reward(completions: Sequence[Any], answers: Sequence[Any]) -> np
 
     Numbers compare by value (`-05` == `-5`, `0.50` == `1/2`); for procedural tasks, in-process.
     """
+    completions, answers = as_batch(completions), as_batch(answers)
     out = np.zeros((len(completions),), np.float32)
     for i, (c, a) in enumerate(zip(completions, answers)):
         pred = last_boxed(to_text(c, MAX_COMPLETION_CHARS))
@@ -178,10 +179,45 @@ def compute_rewards(
     return total, parts, stats
 
 
+# Why a sample's reward is not a verdict on the completion (HostReward's `failed` codes; 0 = verified):
+FAIL_RAISED, FAIL_TIMEOUT, FAIL_GOLD, FAIL_VERIFIER = 1, 2, 3, 4
+FAIL_NAMES = {FAIL_RAISED: "raised", FAIL_TIMEOUT: "timeout", FAIL_GOLD: "gold_unparsed", FAIL_VERIFIER: "verifier_error"}
+
+
+def failure_code(status: str) -> int:
+    """The failure code of a verifier status: a timeout, an unparsable gold or a verifier error is a failure
+    of the verification, not a wrong answer (no answer and rejected towers are the completion's fault)."""
+    if status == "timeout":
+        return FAIL_TIMEOUT
+    if status == "gold_unparsed":
+        return FAIL_GOLD
+    if status.startswith("error"):
+        return FAIL_VERIFIER
+    return 0
+
+
+class SpecReward:
+    """The reward of a config spec (`rl.reward`): `fn(completions, answers) -> float32 [N]`, and
+    `fn.with_failures(...) -> (rewards, failure codes int32 [N])` for the training step's metrics."""
+
+    def __init__(self, spec, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.weights, self.timeout_s = parse_reward_spec(spec), timeout_s
+        self.__name__ = self.__qualname__ = "SpecReward(" + ",".join(f"{k}:{v:g}" for k, v in self.weights.items()) + ")"
+
+    def with_failures(self, completions, answers) -> tuple[np.ndarray, np.ndarray]:
+        total, _, stats = compute_rewards(completions, answers, self.weights, self.timeout_s)
+        codes = np.zeros(len(total), np.int32)
+        if "math_verify" in self.weights and len(stats.statuses) == len(total):
+            codes[:] = [failure_code(s) for s in stats.statuses]
+        return total, codes
+
+    def __call__(self, completions, answers) -> np.ndarray:
+        return self.with_failures(completions, answers)[0]
+
+
 def make_reward_fn(
     spec: str | Mapping[str, float] | Sequence[str] = "math_verify",
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Callable[[Sequence[Any], Sequence[Any]], np.ndarray]:
+) -> SpecReward:
     """A `(completions, answers) -> float32 [N]` function from a config spec (validated now)."""
-    weights = parse_reward_spec(spec)
-    return lambda c, a: compute_rewards(c, a, weights, timeout_s)[0]
+    return SpecReward(spec, timeout_s)

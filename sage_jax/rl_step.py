@@ -12,7 +12,8 @@ One jitted program per step (`make_rl_step`), compiled once and reused:
         policy logp, entropy (chunked) -> guide q -> policy_loss -> grads -> optax update
 
 `old` log-probs: with one update per rollout, old = stop_gradient(logp) (ratio 1, as in TRL); with
-several updates (num_iterations > 1 or M > 1) old = the sampler's stored log-probs. The guide
+several updates (num_iterations > 1 or M > 1) old = the trainer's forward under the sampling params, once
+before the updates (the sampler's log-probs are after top-k / top-p / min-p, not the trainer's). The guide
 schedule step, RNG and counters live in `TrainState`; nothing lives on the Python side.
 
 Gradient accumulation (`grad_accum_steps` = A): each of the M updates sums the gradients of A equal
@@ -64,6 +65,9 @@ class RLConfig:
     # prefill, the reference pass and the policy pass (the latter when a micro-batch holds whole groups).
     # The same numbers either way; False repeats the prompt G times (the reference implementation).
     share_prompt: bool = True
+    # dapo with M > 1 updates per rollout: divide each update's token sum by the generation batch's tokens
+    # ("generation", TRL 0.23 and the SAGE reference) or by that over M ("window", TRL >= 1.x); equal at M = 1
+    dapo_normalizer: str = "generation"
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -73,8 +77,12 @@ class RLConfig:
         if self.grad_accum_steps < 1:
             raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
+        if self.dapo_normalizer not in ("generation", "window"):
+            raise ValueError(f"rl.dapo_normalizer={self.dapo_normalizer!r} is not one of generation, window")
         if self.remat not in (None, "none", "full", "dots"):
             raise ValueError(f"rl.remat={self.remat!r} is not one of none, full, dots")
+        if self.loss.kl_mode == "forward" and self.guide != "none":
+            raise ValueError(f"rl.guide={self.guide!r} with kl_mode='forward': the forward KL ignores the guide")
         if self.loss.beta == 0 and self.guide != "none":
             raise ValueError(f"rl.guide={self.guide!r} with rl.beta=0: the guide reshapes the KL anchor, "
                              "which does not exist without a KL term; set guide='none' or beta > 0")
@@ -149,7 +157,7 @@ def _colocate_scalars(state: TrainState) -> TrainState:
 
 def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformation, seed: int, mesh,
                              rules=None) -> tuple[nnx.GraphDef, TrainState]:
-    """`init_train_state` with every leaf born in the sharding the rules give it (DESIGN §5.6).
+    """`init_train_state` with every leaf born in the sharding the rules give it (docs/design.md §5.6).
 
     `model`: a zero-argument constructor of the Decoder (its params are created under jit, each device
     materialising only its shards), or a Decoder whose params are already placed (`hf.load(..., mesh=mesh)`):
@@ -282,13 +290,24 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
     num_tokens = cmask.sum()
 
+    def score(model):
+        """(logp_BxT, entropy_BxT) of the rollout under `model`, no gradient."""
+        return jax.lax.stop_gradient(
+            grouped_logp_entropy(model, prompt_N, pmask_N, out.tokens_BxT, cmask, cfg.logp_chunk, temp)
+            if cfg.share_prompt else sequence_logp_entropy(model, tokens, fmask, P, cfg.logp_chunk, temp))
+
     # ---- frozen reference (not compiled at all when beta == 0)
     ref_logp = ref_ent = None
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
-        ref_model = merge(ref_params)
-        ref_logp, ref_ent = jax.lax.stop_gradient(
-            grouped_logp_entropy(ref_model, prompt_N, pmask_N, out.tokens_BxT, cmask, cfg.logp_chunk, temp)
-            if cfg.share_prompt else sequence_logp_entropy(ref_model, tokens, fmask, P, cfg.logp_chunk, temp))
+        ref_logp, ref_ent = score(merge(ref_params))
+
+    # ---- PPO's `old` log-probs, for several updates per rollout: the trainer's own forward under the params
+    # that sampled (as TRL does), not the sampler's log-probs, which top-k / top-p / min-p renormalise (the
+    # first update's ratio would be the kept mass, not 1). One update per rollout needs none: old = logp.
+    old_logp = score(policy)[0] if cfg.multi_update else None
+    # dapo's normaliser: the whole generation batch's completion tokens for each of the M updates (TRL 0.23,
+    # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
+    dapo_tokens = num_tokens if cfg.dapo_normalizer == "generation" else num_tokens / M
 
     A = cfg.grad_accum_steps
     if (B // M) % A:
@@ -318,12 +337,12 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         fkl = None
         if cfg.needs_ref and cfg.loss.kl_mode == "forward":
             fkl = _forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp)
-        old = take(out.logp_BxT, i) if cfg.multi_update else None
+        old = take(old_logp, i)
         loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), cm, cfg.loss,
-                                     num_batch_tokens=num_tokens / M, forward_kl_BxT=fkl)
+                                     num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl)
         mf = cm.astype(jnp.float32)
         n = jnp.maximum(mf.sum(), 1.0)
-        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(out.logp_BxT, i)) * mf
+        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(out.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
         m.update(guides.guide_metrics(q, cm))
         m.update(entropy=(ent * mf).sum() / n, logp_diff_mean=diff.sum() / n, logp_diff_max=diff.max())
         return loss, m
@@ -339,11 +358,14 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
 
             def micro_fn(p, j):
                 loss, mj = loss_fn(p, i * A + j, step, jax.random.fold_in(gkey, j))
-                share = micro_loss_share(loss, take(cmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
-                return share, mj
+                shr = lambda x: micro_loss_share(x, take(cmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
+                # the loss terms add up over micro-batches like the loss itself (for dapo a mean would be 1/A)
+                mj.update({k: shr(mj[k]) for k in ("pg_loss", "kl_loss") if k in mj})
+                return shr(loss), mj
 
             loss, ms_j, grads = accumulate_grads(micro_fn, params, A)
-            red = {"logp_diff_max": jnp.max, "q_min": jnp.min, "q_max": jnp.max}
+            red = {"logp_diff_max": jnp.max, "q_min": jnp.min, "q_max": jnp.max, "pg_loss": jnp.sum,
+                   "kl_loss": jnp.sum}
             m = {k: red.get(k, jnp.mean)(v) for k, v in ms_j.items()}
             m["loss"] = jax.lax.stop_gradient(loss)  # the exact minibatch loss (sum of shares)
         m["grad_norm"] = optax.tree.norm(grads)
@@ -365,7 +387,9 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         metrics[f"sage/{k}"] = ms[k].min() if k == "q_min" else ms[k].max() if k == "q_max" else ms[k].mean()
         metrics.pop(f"train/{k}", None)
     metrics.update({f"reward/{k}": v for k, v in adv_metrics.items()})
-    metrics["reward/failed"] = failed.sum()
+    metrics["reward/failed"] = (failed > 0).sum()  # not verified (scored 0): the codes of rewards.FAIL_*
+    for code, name in ((2, "timeouts"), (3, "gold_unparsed"), (4, "verifier_errors")):
+        metrics[f"reward/{name}"] = (failed == code).sum()
     lengths = cmask.sum(axis=1)
     stopped = jnp.any(jnp.isin(out.tokens_BxT, jnp.asarray(cfg.sampling.eos_ids or (-1,), jnp.int32))
                       & cmask.astype(bool), axis=1)

@@ -68,6 +68,9 @@ class SampleOutput(NamedTuple):
     logp_BxT: Array  # float32, 0 where mask == 0
     entropy_BxT: Array  # float32, 0 where mask == 0
     num_steps: Array  # decode iterations run (<= T)
+    # float32, 0 where mask == 0: the sampled token's log-prob under the temperature-scaled distribution before
+    # top-k / top-p / min-p (what the trainer's forward computes; `logp_BxT` is after the filters)
+    raw_logp_BxT: Array | None = None
 
 
 def filter_logits(logits_BxV: Array, cfg: SamplingConfig) -> Array:
@@ -89,19 +92,20 @@ def filter_logits(logits_BxV: Array, cfg: SamplingConfig) -> Array:
     return x
 
 
-def sample_token(logits_BxV: Array, key: Array, cfg: SamplingConfig) -> tuple[Array, Array, Array]:
-    """(token_B, logp_B, entropy_B) for one decode step."""
+def sample_token(logits_BxV: Array, key: Array, cfg: SamplingConfig) -> tuple[Array, Array, Array, Array]:
+    """(token_B, logp_B, entropy_B, raw_logp_B) for one decode step (raw: before the filters)."""
     if cfg.temperature == 0.0:
         lsm = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
         tok = jnp.argmax(lsm, axis=-1)
-        lp = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
+        lp = raw = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
     else:
         lsm = jax.nn.log_softmax(logits_BxV.astype(jnp.float32) / cfg.temperature, axis=-1)
         filtered = filter_logits(logits_BxV, cfg)
         tok = jax.random.categorical(key, filtered, axis=-1)
         lp = jnp.take_along_axis(jax.nn.log_softmax(filtered, axis=-1), tok[:, None], axis=-1)[:, 0]
+        raw = jnp.take_along_axis(lsm, tok[:, None], axis=-1)[:, 0]
     ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
-    return tok.astype(jnp.int32), lp, ent
+    return tok.astype(jnp.int32), lp, ent, raw
 
 
 def _is_stop(tok_B: Array, cfg: SamplingConfig) -> Array:
@@ -140,12 +144,12 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
     logits = rep(model.logits(hidden[:, -1:])[:, 0])
     prompt_len_B = rep(jnp.sum(pmask, axis=1))
 
-    tok, lp, ent = sample_token(logits, jax.random.fold_in(key, 0), cfg)
+    tok, lp, ent, raw = sample_token(logits, jax.random.fold_in(key, 0), cfg)
     zeros_f = jnp.zeros((B, T), jnp.float32)
     tokens = jnp.full((B, T), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
-    logps, ents = zeros_f.at[:, 0].set(lp), zeros_f.at[:, 0].set(ent)
+    logps, ents, raws = zeros_f.at[:, 0].set(lp), zeros_f.at[:, 0].set(ent), zeros_f.at[:, 0].set(raw)
     mask = jnp.zeros((B, T), jnp.int32).at[:, 0].set(1)
-    state = (jnp.int32(1), tokens, logps, ents, mask, _is_stop(tok, cfg), tok)
+    state = (jnp.int32(1), tokens, logps, ents, mask, _is_stop(tok, cfg), tok, raws)
 
     # Step t (1 <= t < T) feeds token t - 1, writes completion slot t - 1 and samples token t.
     past = [((), ()) for _ in range(mcfg.num_layers)]
@@ -155,17 +159,17 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
         cur = shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in past])
 
         def step(carry, start=start, past=past):
-            (t, tokens, logps, ents, mask, done, prev), cur = carry
+            (t, tokens, logps, ents, mask, done, prev, raws), cur = carry
             kv = [DecodeKV(p["k"], p["v"], pk, pv, c["k"], c["v"]) for p, (pk, pv), c in zip(prefill, past, cur)]
             pos = (prompt_len_B + t - 1)[:, None]
             hidden, kv = model.forward(prev[:, None], pos, pmask, kv, t - 1 - start)
-            tok, lp, ent = sample_token(model.logits(hidden)[:, 0], jax.random.fold_in(key, t), cfg)
+            tok, lp, ent, raw = sample_token(model.logits(hidden)[:, 0], jax.random.fold_in(key, t), cfg)
             live = ~done
             tok = jnp.where(live, tok, cfg.pad_id)
             upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))
             state = (t + 1, upd(tokens, tok), upd(logps, jnp.where(live, lp, 0.0)),
                      upd(ents, jnp.where(live, ent, 0.0)), upd(mask, live.astype(jnp.int32)),
-                     done | _is_stop(tok, cfg), tok)
+                     done | _is_stop(tok, cfg), tok, upd(raws, jnp.where(live, raw, 0.0)))
             # Under a sharded step the carry keeps the cache's sharding (rows x kv heads); identity otherwise.
             return state, shd.constrain_cache([{"k": c.k, "v": c.v} for c in kv])
 
@@ -177,7 +181,7 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
         past = [(pk + (c["k"],), pv + (c["v"],)) for (pk, pv), c in zip(past, cur)]
         start += length
     t, tokens, logps, ents, mask = state[:5]
-    return SampleOutput(tokens, mask, logps, ents, t)
+    return SampleOutput(tokens, mask, logps, ents, t, state[7])
 
 
 def make_generate_fn(graphdef: nnx.GraphDef, cfg: SamplingConfig, cache_dtype=None):
@@ -221,6 +225,9 @@ class TextSampler:
         self.graphdef, self.state = nnx.split(model)
         self.tokenizer, self.cfg, self.batch_size = tokenizer, cfg, batch_size
         self.chat_template = chat_template
+        if mesh is not None:
+            from sage_jax import sharding as shd
+            mesh = shd.as_auto(mesh)
         self.mesh = mesh  # rows split over the mesh's batch axes (params keep the shardings they carry)
         if mesh is not None:
             from sage_jax import sharding as shd

@@ -86,6 +86,21 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
+def as_auto(mesh: Mesh) -> Mesh:
+    """`mesh` with every axis `Auto`, the axis types this project's sharding code is written for.
+
+    `jax.make_mesh(shape, names)` defaults to Explicit axes in jax 0.10, under which the embedding gather
+    raises `ShardingTypeError` at the first forward; the same devices with Auto axes shard identically.
+    A mesh must name the axes (data, fsdp, tensor): anything else is refused in one line.
+    """
+    if tuple(mesh.axis_names) != tuple(MESH_AXES):
+        raise ValueError(f"mesh axes {tuple(mesh.axis_names)}: this project shards over {tuple(MESH_AXES)}; build the "
+                         "mesh with sage_jax.sharding.make_mesh(shape) or name its axes so")
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
 def mesh_from_config(mesh_cfg, devices=None) -> Mesh:
     """`config.mesh` (a ConfigDict / dict with `shape`, or a bare 3-sequence) -> Mesh."""
     if isinstance(mesh_cfg, (list, tuple)):

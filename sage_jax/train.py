@@ -72,8 +72,43 @@ def prompt_iterator(c, s: Setup, split: str, seed: int):
     source = data_source(c, s.workdir, split)
     if c.data.max_train_problems:
         source = _Head(source, c.data.max_train_problems)
+    if c.mode == "rl":
+        check_prompt_lengths(c, s, source, split)
     return make_prompt_iterator(source, batch_size=c.data.batch_size // n_proc, seed=seed,
                                 template=c.data.template, tokenizer=s.tokenizer, system_prompt=c.data.system_prompt)
+
+
+def check_prompt_lengths(c, s: Setup, source, split: str, chunk: int = 8192) -> None:
+    """Every prompt of `source` fits `data.max_prompt_tokens`, checked before the first step (a long row found
+    when its batch comes up would end a run hours in); the error names the first row that does not fit."""
+    from sage_jax.data.sources import decode_record
+    from sage_jax.data.templates import make_template_fn
+    fmt = make_template_fn(c.data.template, s.tokenizer, c.data.system_prompt)
+    # Render the template once around a marker, when it inserts the problem verbatim (checked on the
+    # first rows below): jinja per row costs more than the tokenizer.
+    marker = "\x00problem\x00"
+    parts = fmt(marker).split(marker)
+    render = (lambda p: parts[0] + p + parts[1]) if len(parts) == 2 else fmt
+    limit = c.data.max_prompt_tokens
+    bad, first = 0, None
+    for start in range(0, len(source), chunk):
+        idx = list(range(start, min(start + chunk, len(source))))
+        raw = source.__getitems__(idx) if hasattr(source, "__getitems__") else [source[i] for i in idx]
+        recs = [decode_record(r) for r in raw]
+        if start == 0 and any(render(r["problem"]) != fmt(r["problem"]) for r in recs[:16]):
+            render = fmt
+        lengths = [len(x) for x in s.tokenizer([render(r["problem"]) for r in recs],
+                                                 add_special_tokens=False)["input_ids"]]
+        for j, n in enumerate(lengths):
+            if n > limit:
+                bad += 1
+                first = first or (start + j, recs[j], n)
+    if first is not None:
+        row, rec, n = first
+        raise config_lib.ConfigValidationError(
+            f"data.max_prompt_tokens={limit}: {bad} prompt(s) of {c.data.name}:{split} are longer, the first at row "
+            f"{row} (id {rec['id']}, {n} tokens: {rec['problem'][:60]!r}); raise the limit or filter the data "
+            "(prompts are never truncated)")
 
 
 class _Head:
@@ -114,41 +149,82 @@ def _global(mesh, x: np.ndarray):
 
 
 # ------------------------------------------------------------------------------------------ eval
-def quick_eval(s: Setup, sampler: TextSampler, state: TrainState, problems: list[dict], n: int,
-               seed: int) -> dict[str, float]:
-    """pass@k (unbiased) for k = 1, 2, 4, ..., n on `problems` with the policy of `state` (read afresh
-    each call: the step donates the state it is given)."""
-    from sage_jax.evaluate import pass_at_k
-    sampler.state = policy_state(state)
-    outs = sampler.generate([p["prompt"] for p in problems], n=n, seed=seed)
-    comps = [c.text for group in outs for c in group]
-    answers = [p["answer"] for p in problems for _ in range(n)]
-    correct = np.asarray(s.reward_fn(comps, answers)).reshape(len(problems), n) > 0.5
-    c = correct.sum(1)
+class TrainingEval:
+    """The policy at a training step, evaluated on `eval.benchmarks` through `evaluate.evaluate_models`
+    (the path `mode=eval` takes) as the model `step_<N>` of DIR/eval/results.json.
+
+    Every evaluated step stays in that file: a rerun (resume, or a restart of a finished run) samples
+    nothing already there, and the summary compares every step with the first one, paired over problems.
+    """
+
+    def __init__(self, c, s: Setup, graphdef):
+        from sage_jax.evaluate import EvalSettings
+        from sage_jax.eval_mode import benchmarks_from_config, strategy_fn_for
+        self.c, self.s, self.graphdef = c, s, graphdef
+        self.benchmarks = benchmarks_from_config(c, s.workdir, s.tokenizer)
+        self.strategy_fn = strategy_fn_for(self.benchmarks)
+        self.settings = EvalSettings(n=c.eval.n, temperature=c.eval.temperature, top_p=c.eval.top_p,
+                                     max_tokens=c.eval.max_new_tokens, seed=c.seed,
+                                     problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
+        self._sampler: TextSampler | None = None
+
+    def _generator(self, state: TrainState) -> TextSampler:
+        if self._sampler is None:
+            cfg = SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=self.c.eval.temperature,
+                                 top_p=self.c.eval.top_p, eos_ids=self.s.eos_ids, pad_id=self.s.pad_id,
+                                 decode_segments=self.c.rollout.get("decode_segments", 4))
+            self._sampler = TextSampler(policy_model(self.graphdef, state), self.s.tokenizer, cfg,
+                                        batch_size=self.c.eval.batch_size, mesh=self.s.mesh)
+        self._sampler.state = policy_state(state)  # read afresh: the step donates the state it is given
+        return self._sampler
+
+    def evaluated_steps(self) -> list[int]:
+        from sage_jax.evaluate import load_results
+        results = load_results(self.s.workdir) or {"models": {}}
+        return sorted(int(m[len("step_"):]) for m in results["models"] if m.startswith("step_"))
+
+    def forget_after(self, step: int) -> None:
+        """Drops the stored evaluations of steps after `step` (policies of a history that restarts)."""
+        from sage_jax.evaluate import load_results, save_results
+        results = load_results(self.s.workdir)
+        if results is None or jax.process_index() != 0:
+            return
+        drop = [m for m in results["models"] if m.startswith("step_") and int(m[len("step_"):]) > step]
+        if drop:
+            log.warning("dropping the stored evaluations of %s (no checkpoint of that history)", ", ".join(drop))
+            for m in drop:
+                del results["models"][m]
+            results["summary"] = None
+            save_results(results, self.s.workdir)
+
+    def __call__(self, step: int, state: TrainState) -> dict[str, Any]:
+        """Evaluates (or finishes evaluating) step `step`; returns the summary of every evaluated step."""
+        from sage_jax.evaluate import evaluate_models
+
+        def stored(_settings):  # a step evaluated earlier is complete, so this is never called
+            raise RuntimeError("an earlier step's evaluation is incomplete; evaluate into a fresh workdir")
+
+        steps = sorted(set(self.evaluated_steps()) | {step})
+        models = {f"step_{t}": (lambda _settings: self._generator(state)) if t == step else stored for t in steps}
+        results = evaluate_models(models, self.benchmarks, self.s.reward_fn, self.settings, self.s.workdir,
+                                  sources={f"step_{step}": f"training step {step}"},
+                                  strategy_fn=self.strategy_fn, is_writer=jax.process_index() == 0,
+                                  progress=self.c.logging.progress and jax.process_index() == 0)
+        return results["summary"]
+
+
+def eval_metrics(summary: dict, step: int) -> dict[str, float]:
+    """The metrics.jsonl row of one evaluated step: `eval/<metric>` (the mean over benchmarks when there
+    are several, each benchmark also as `eval/<benchmark>/<metric>`)."""
+    per_bench = summary["models"][f"step_{step}"]
+    benches = list(summary["benchmarks"])
     out = {}
-    k = 1
-    while k <= n:
-        out[f"eval/pass@{k}"] = float(np.mean(pass_at_k(n, c, k)))
-        k *= 2
-    out["eval/mean_length"] = float(np.mean([x.num_tokens for g in outs for x in g]))
-    return out
-
-
-def eval_problems(c, s: Setup) -> list[dict]:
-    from sage_jax.data.sources import decode_record
-    from sage_jax.data.templates import format_prompt
-    src = data_source(c, s.workdir, c.data.eval_split)
-    n = min(c.eval.num_problems, len(src))
-    recs = [decode_record(src[i]) for i in range(n)]
-    for r in recs:
-        r["prompt"] = format_prompt(r["problem"], c.data.template, s.tokenizer, c.data.system_prompt)
-    return recs
-
-
-def make_eval_sampler(c, s: Setup, graphdef, state: TrainState) -> TextSampler:
-    cfg = SamplingConfig(max_new_tokens=c.eval.max_new_tokens, temperature=c.eval.temperature, top_p=c.eval.top_p,
-                         eos_ids=s.eos_ids, pad_id=s.pad_id, decode_segments=c.rollout.get("decode_segments", 4))
-    return TextSampler(policy_model(graphdef, state), s.tokenizer, cfg, batch_size=c.eval.batch_size, mesh=s.mesh)
+    if len(benches) > 1 and "average" in per_bench:
+        out.update({f"eval/{k}": v["mean"] for k, v in per_bench["average"].items()})
+    for b in benches:
+        prefix = "eval/" if len(benches) == 1 else f"eval/{b}/"
+        out.update({f"{prefix}{k}": v["mean"] for k, v in per_bench[b].items()})
+    return {k: v for k, v in out.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------------------ loop
@@ -174,6 +250,10 @@ def build_setup(c, workdir: str) -> Setup:
     from sage_jax.models.config import ModelConfig
     model_cfg, _ = ModelConfig.from_hf_dir(hf._resolve(c.model.path))
     from sage_jax.rewards import make_reward_fn
+    if len(tokenizer) > model_cfg.vocab_size:
+        raise config_lib.ConfigValidationError(
+            f"model.path={c.model.path}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{model_cfg.vocab_size}; the tokenizer files belong to another model")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
     return Setup(c, workdir, mesh, model_cfg, tokenizer, _stop_ids(tokenizer, model_cfg), int(pad),
                  make_reward_fn(c.rl.reward))
@@ -214,6 +294,8 @@ def run(c, workdir: str) -> dict[str, Any]:
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.ckpt.keep, async_save=c.ckpt.async_save)
     writer = MetricWriter(workdir, enabled=is_main, tensorboard=c.logging.tensorboard,
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
+    if ckpt.all_steps():
+        check_resume_config(workdir, c)
     base = base_pointer(c)
     restored = ckpt.restore_latest(state, check_meta=lambda m: check_base_pointer(m, base, ckpt.directory))
     # What `mode=eval` needs to rebuild this run's model from its checkpoints; written only once the
@@ -228,18 +310,24 @@ def run(c, workdir: str) -> dict[str, Any]:
         start = int(jax.device_get(state.step)) // per_step
         writer.truncate_after(start)
         log.info("resumed from %s at step %d", ckpt.directory, start)
+    else:  # no checkpoint: whatever an earlier attempt logged or evaluated after step 0 is history that restarts
+        writer.truncate_after(None)
 
-    problems = eval_problems(c, s) if (c.eval.at_start or c.eval.at_end or c.eval_every) else []
-    sampler = make_eval_sampler(c, s, graphdef, state) if problems else None
+    evaluator = TrainingEval(c, s, graphdef) if (c.eval.at_start or c.eval.at_end or c.eval_every) else None
+    if evaluator is not None and restored is None:
+        evaluator.forget_after(0)
     summary: dict[str, Any] = {"start_step": start}
-    if problems and c.eval.at_start and start == 0:
-        summary["before"] = quick_eval(s, sampler, state, problems, c.eval.n, c.seed)
-        writer.write(0, summary["before"])
-    elif start > 0 and is_main and os.path.exists(writer.path):  # report the first run's numbers again
-        from sage_jax.metric_writer import read_metrics
-        first = [r for r in read_metrics(workdir) if r["step"] == 0 and any("pass@" in k for k in r)]
-        if first:
-            summary["before"] = {k: v for k, v in first[0].items() if k.startswith("eval/")}
+    logged_evals = {r["step"] for r in writer.rows() if any(k.startswith("eval/") for k in r)}
+
+    def evaluate(at: int) -> None:
+        """Evaluates step `at` (resuming a partial evaluation) and logs it unless metrics.jsonl has it."""
+        summary["eval"] = evaluator(at, state)
+        if at not in logged_evals:
+            writer.write(at, eval_metrics(summary["eval"], at))
+            logged_evals.add(at)
+
+    if evaluator is not None and c.eval.at_start and start == 0:
+        evaluate(0)
 
     def next_batch():
         raw = next(it)
@@ -268,29 +356,84 @@ def run(c, workdir: str) -> dict[str, Any]:
             metrics["perf/step_s"] = now - t_last
             t_last = now
             pending = (step, metrics)
-            if c.eval_every and step % c.eval_every == 0 and problems and step < c.max_steps:
-                writer.write(step, quick_eval(s, sampler, state, problems, c.eval.n, c.seed + step))
-            if (c.checkpoint_every and step % c.checkpoint_every == 0) or pre.requested:
+            save_now = (c.checkpoint_every and step % c.checkpoint_every == 0) or pre.requested
+            eval_now = evaluator is not None and c.eval_every and step % c.eval_every == 0 and step < c.max_steps
+            if save_now or eval_now:  # step N's metrics are on disk before checkpoint N: a restart resumes after it
+                _log(writer, progress, *pending, c)
+                pending = None
+            if eval_now:
+                evaluate(step)
+            if save_now:
                 ckpt.save(state, {"data": it.get_state(), "step": step, **base})
         if pending is not None:
             _log(writer, progress, *pending, c)
         ckpt.save(state, {"data": it.get_state(), "step": step, **base})
         ckpt.wait()
+    except BaseException:
+        ckpt.close()  # a save under way finishes (or fails) here, not half-written at interpreter exit
+        raise
     finally:
         pre.restore()
         progress.close()
     summary["end_step"] = step
     summary["preempted"] = pre.requested
     if not pre.requested and step >= c.max_steps:
-        if problems and c.eval.at_end:
-            summary["after"] = quick_eval(s, sampler, state, problems, c.eval.n, c.seed)
-            if start < c.max_steps:  # a rerun of a finished run reports again but logs nothing new
-                writer.write(step, summary["after"])
+        if evaluator is not None and c.eval.at_end:
+            evaluate(step)  # a restart of a finished run samples nothing new and logs only what is missing
         if c.ckpt.export_hf:
             summary.update(export(c, s, graphdef, state, workdir, is_main))
+    if "eval" in summary:
+        steps = sorted(int(m[len("step_"):]) for m in summary["eval"]["models"])
+        if 0 in steps:
+            summary["before"] = eval_metrics(summary["eval"], 0)
+        if step in steps and step > 0:
+            summary["after"] = eval_metrics(summary["eval"], step)
+    if is_main and c.mode == "rl" and not pre.requested:
+        from sage_jax import eval_report
+        summary["plot"] = os.path.join(workdir, eval_report.RUN_PLOT)
+        eval_report.plot_run(writer.rows(), summary.get("eval"), summary["plot"])
     ckpt.close()
     writer.close()
     return summary
+
+
+# What a resume must share with the run that wrote the checkpoints. Everything else may change between
+# attempts: max_steps, logging, checkpointing, evaluation, the mesh, and knobs of speed and memory alone.
+RESUME_KEYS = ("mode", "seed", "model.path", "model.dtype", "model.param_dtype", "model.lora", "data.name",
+               "data.builder_config", "data.train_split", "data.template", "data.system_prompt", "data.batch_size",
+               "data.max_train_problems", "rollout", "rl", "sage", "optim")
+RESUME_FREE = ("rollout.decode_segments", "rl.grad_accum_steps", "rl.logp_chunk", "rl.share_prompt")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_config(workdir: str, c) -> None:
+    """Refuses to resume checkpoints written under another run config (RESUME_KEYS), naming the fields:
+    a changed model, task or recipe in the same workdir would otherwise mix two histories."""
+    import json
+    path = os.path.join(workdir, "run_config.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        old = _flat(json.load(f))
+    new = _flat(json.loads(c.to_json_best_effort()))
+    diffs = [k for k in sorted(set(old) & set(new))
+             if any(k == p or k.startswith(p + ".") for p in RESUME_KEYS)
+             and not any(k == p or k.startswith(p + ".") for p in RESUME_FREE) and old[k] != new[k]]
+    if diffs:
+        shown = "; ".join(f"{k}={old[k]!r} there, {new[k]!r} now" for k in diffs[:3])
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise config_lib.ConfigValidationError(
+            f"{workdir} holds checkpoints of another run config: {shown}{more}; use another --workdir, or the "
+            "original values to resume")
 
 
 def base_pointer(c) -> dict:

@@ -21,6 +21,7 @@ import math
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
+import re
 import signal
 import sys
 import threading
@@ -41,12 +42,63 @@ MAX_COMPLETION_CHARS = 16384
 # A boxed answer (or a gold answer) longer than this is not a real answer; fail closed.
 MAX_ANSWER_CHARS = 1024
 DEFAULT_TIMEOUT_S = 5.0
+# Without a box, math-verify's own extraction reads the text: only its tail, where a stated answer sits.
+MAX_UNBOXED_CHARS = 2048
+
+# Answers whose mere evaluation is unbounded for sympy (it computes what it parses): a power tower (an
+# exponent that holds a power, `10^{10^{10}}`, `{9}^{{9}^{9}}`, `2^3^4`), an exponent of 7+ digits, a
+# factorial of 5+ digits, Knuth arrows. Such a prediction is compared with the gold as text and never
+# parsed; a real answer of that form still scores when written as the gold writes it. This keeps a step's
+# verification time within a small multiple of its clean time whatever the policy writes (each tower would
+# otherwise hold a worker for the whole timeout).
+_BIG_FACTORIAL = re.compile(r"\d{5,}\s*!")
+_CLOSE = {"{": "}", "(": ")", "[": "]"}
+
+
+def _group_end(s: str, i: int) -> int:
+    """Index just past the group opening at s[i] (a bracket, matched with nesting), or past one token."""
+    if s[i] in _CLOSE:
+        depth, j = 0, i
+        while j < len(s):
+            if s[j] == "\\":
+                j += 2
+                continue
+            if s[j] in _CLOSE:
+                depth += 1
+            elif s[j] in _CLOSE.values():
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return len(s)
+    m = re.match(r"\\?[\w.]+", s[i:])
+    return i + (m.end() if m else 1)
+
+
+def too_costly(answer: str) -> bool:
+    """True when parsing `answer` could make sympy compute a power tower, a huge power or a huge factorial."""
+    s = answer.replace("**", "^")
+    if _BIG_FACTORIAL.search(s) or "\\uparrow" in s:
+        return True
+    for i in (m.start() for m in re.finditer(r"\^", s)):
+        j = i + 1
+        while j < len(s) and s[j].isspace():
+            j += 1
+        if j >= len(s):
+            continue
+        end = _group_end(s, j)
+        exponent = s[j:end]
+        rest = s[end:].lstrip()
+        if "^" in exponent or rest.startswith("^") or re.search(r"\d{7,}", exponent):
+            return True
+    return False
+
 
 # ----------------------------------------------------------------------------- worker side
 
 
 def _gold_candidates(gold: str) -> list[str]:
-    """Strings to try for the gold answer, in order (DESIGN §7: bare golds need `$...$`)."""
+    """Strings to try for the gold answer, in order (docs/design.md §7: bare golds need `$...$`)."""
     boxed = last_boxed(gold) if "box" in gold else None
     core = boxed if boxed is not None else gold.strip()
     cands = [f"${core.strip('$').strip()}$"]
@@ -78,10 +130,16 @@ def _verify_one(completion: str, gold: str, cache: dict) -> tuple[float, str]:
     if boxed is not None:
         if not boxed or len(boxed) > MAX_ANSWER_CHARS:
             return 0.0, "no_answer"
+        if too_costly(boxed):
+            same = "".join(boxed.split()) == "".join(gold.strip().strip("$").split())
+            return (1.0 if same else 0.0), "ok" if same else "rejected"
         pred = parse(f"${boxed}$", parsing_timeout=None)
     else:
         # No box: math-verify's own extraction ("the answer is ...", last LaTeX / expression).
-        pred = parse(completion, parsing_timeout=None)
+        tail = completion[-MAX_UNBOXED_CHARS:]
+        if too_costly(tail):
+            return 0.0, "rejected"
+        pred = parse(tail, parsing_timeout=None)
     if not pred:
         return 0.0, "no_answer"
     return (1.0 if verify(gold_parsed, pred, timeout_seconds=None) else 0.0), "ok"
@@ -130,14 +188,20 @@ class RewardStats:
     errors: int = 0
     no_answer: int = 0
     gold_unparsed: int = 0
+    rejected: int = 0  # predictions too costly to parse (`too_costly`), compared as text
     seconds: float = 0.0
+    # per sample of one call: "ok", "no_answer", "rejected", "timeout", "gold_unparsed", "error:..."
+    statuses: list = dataclasses.field(default_factory=list, repr=False, compare=False)
+
+    def _counts(self):
+        return [f for f in dataclasses.fields(self) if f.name != "statuses"]
 
     def add(self, other: "RewardStats") -> None:
-        for f in dataclasses.fields(self):
+        for f in self._counts():
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def as_dict(self, prefix: str = "") -> dict[str, float]:
-        return {prefix + f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {prefix + f.name: getattr(self, f.name) for f in self._counts()}
 
 
 _START_LOCK = threading.Lock()
@@ -160,6 +224,19 @@ def _main_module_hidden():
         finally:
             if real is not None:
                 sys.modules["__main__"] = real
+
+
+def as_batch(x: Any) -> list:
+    """A batch argument as a list: None -> [], one string (or bytes) -> [it], any other iterable -> its items,
+    anything else -> [it]."""
+    if x is None:
+        return []
+    if isinstance(x, (str, bytes, bytearray)):
+        return [x]
+    try:
+        return list(x)
+    except TypeError:
+        return [x]
 
 
 class _Worker:
@@ -268,11 +345,12 @@ class VerifierPool:
         """Score each (completion, gold) pair: float32 1.0 / 0.0, and the call's counts."""
         t0 = time.monotonic()
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        completions, answers = as_batch(completions), as_batch(answers)
         n = len(completions)
         if len(answers) != n:
             raise ValueError(f"{n} completions but {len(answers)} answers")
         rewards = np.zeros((n,), np.float32)
-        stats = RewardStats(n=n)
+        stats = RewardStats(n=n, statuses=["error:not_run"] * n)
         if n == 0:
             return rewards, stats
         try:
@@ -285,6 +363,7 @@ class VerifierPool:
             rewards[:] = 0.0
             stats.errors = n
             stats.correct = 0
+            stats.statuses = ["error:pool"] * n
         stats.seconds = time.monotonic() - t0
         self.totals.add(stats)
         return rewards, stats
@@ -297,11 +376,12 @@ class VerifierPool:
 
         def finish(idx: int, reward: float, status: str) -> None:
             rewards[idx] = reward
+            stats.statuses[idx] = status
             if status == "ok":
                 stats.correct += int(reward > 0)
             elif status == "timeout":
                 stats.timeouts += 1
-            elif status in ("no_answer", "gold_unparsed"):
+            elif status in ("no_answer", "gold_unparsed", "rejected"):
                 setattr(stats, status, getattr(stats, status) + 1)
             else:
                 stats.errors += 1

@@ -1,4 +1,4 @@
-"""Guides vs an independent NumPy implementation of DESIGN §2 (float64), plus invariants.
+"""Guides vs an independent NumPy implementation of docs/design.md §2 (float64), plus invariants.
 
 The NumPy references below use loops and numpy's own percentile/std; they never call
 sage_jax. Random noise is drawn with the key convention documented in sage_jax.guides

@@ -1,4 +1,4 @@
-"""Losses vs an independent NumPy implementation of DESIGN §2 (float64), gradients vs the
+"""Losses vs an independent NumPy implementation of docs/design.md §2 (float64), gradients vs the
 analytic NumPy gradient, and the SAGE invariants (guide="none" == GRPO+k3, q > 1 pulls up,
 masked tokens get zero gradient, beta = 0 ignores the reference)."""
 

@@ -12,7 +12,7 @@ from hf_fixtures import FAMILIES, hf_logits, make_hf_model
 from sage_jax.models import hf, safetensors_io
 from sage_jax.models.config import ConfigError, ModelConfig
 
-LOGIT_TOL = 1e-4  # fp32 end to end (DESIGN §5.9)
+LOGIT_TOL = 1e-4  # fp32 end to end (docs/design.md §5.9)
 
 
 @pytest.fixture(scope="module")

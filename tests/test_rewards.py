@@ -110,11 +110,45 @@ def test_pathological_batch_returns_in_time_with_zeros():
         elapsed = time.monotonic() - t0
         assert elapsed < 2 * timeout, elapsed
         np.testing.assert_array_equal(got, np.zeros(len(bad), np.float32))
-        assert stats.timeouts >= 1 and p.restarts >= 1
+        assert stats.rejected >= 2  # the towers never reach sympy (verifier_pool.too_costly)
+        # a gold is trusted and parsed: a tower there is stopped by the hard timeout, and the worker replaced
+        t0 = time.monotonic()
+        got, stats = p.verify(["\\boxed{3}"], ["9^{9^{9^{9}}}"])
+        assert time.monotonic() - t0 < 2 * timeout and got[0] == 0.0
+        assert stats.timeouts == 1 and p.restarts >= 1
         # The recycled workers still verify correctly.
         got, stats = p.verify(["\\boxed{3}", "\\boxed{4}"], ["3", "3"])
         np.testing.assert_array_equal(got, [1.0, 0.0])
         assert stats.timeouts == 0
+
+
+def test_hostile_text_costs_a_small_multiple_of_clean_text(pool):
+    """Verification time of a batch of hostile completions (power towers in every spelling, thousands of
+    unclosed boxes, megabytes of text) stays within a small multiple of a clean batch's: nothing reaches the
+    parser that could hold a worker for the whole timeout."""
+    clean = [f"Work ... so the answer is \\boxed{{{i}}}." for i in range(64)]
+    towers = ["\\boxed{10^{10^{10}}}", "\\boxed{{9}^{{9}^{9}}}", "\\boxed{2^3^4^5}", "\\boxed{(9)^((9)^(9^9))}",
+              "the answer is 9^{9^{9^9}}", "\\boxed{99999!}", "\\boxed{3^{123456789}}"]
+    hostile = [towers[i % len(towers)] for i in range(32)] + ["x \\boxed{" * 4000] * 16 + ["\\boxed{" + "{" * 20000] * 16
+    pool.verify(clean[:4], [str(i) for i in range(4)])  # workers up
+    t0 = time.monotonic()
+    got_clean, _ = pool.verify(clean, [str(i) for i in range(64)])
+    t_clean = time.monotonic() - t0
+    t0 = time.monotonic()
+    got, stats = pool.verify(hostile, ["3"] * 64)
+    t_hostile = time.monotonic() - t0
+    assert got_clean.all() and not got.any()
+    assert stats.timeouts == 0 and stats.rejected >= 32
+    assert t_hostile < 3 * t_clean + 1.0, (t_hostile, t_clean)
+    # a tower that is the gold, written the same way, still scores
+    got, _ = pool.verify(["\\boxed{2^{2^{10}}}", "\\boxed{2^{ 2^{10} }}", "\\boxed{4^{2^9}}"], ["2^{2^{10}}"] * 3)
+    np.testing.assert_array_equal(got, [1.0, 1.0, 0.0])
+
+
+def test_none_and_scalars_never_raise():
+    assert R.math_verify_reward(None, None).shape == (0,)
+    assert R.exact_match_reward(None, None).shape == (0,)
+    np.testing.assert_array_equal(R.exact_match_reward("\\boxed{3}", "3"), [1.0])
 
 
 def test_never_raises_on_odd_inputs(pool):
@@ -216,7 +250,7 @@ def test_a_crashed_worker_fails_its_sample_closed_and_is_replaced():
         p.verify(["\\boxed{1}"], ["1"])
         out = {}
         t = threading.Thread(target=lambda: out.update(
-            r=p.verify(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{3}"], ["3", "3"])))
+            r=p.verify(["\\boxed{3}", "\\boxed{3}"], ["9^{9^{9^{9}}}", "3"])))  # the gold holds it: it is parsed
         t0 = time.monotonic()
         t.start()
         time.sleep(0.5)

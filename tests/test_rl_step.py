@@ -110,6 +110,44 @@ def test_multi_update_uses_sampler_logp_as_old():
     assert int(state.step) == 4  # 2 iterations x 2 minibatches
 
 
+@pytest.mark.parametrize("filters", [dict(min_p=0.3), dict(top_p=0.7), dict(top_k=5)])
+def test_multi_update_ratio_is_one_under_sampling_filters(filters):
+    """With several updates per rollout, `old` is the trainer's log-prob under the sampling params, as TRL
+    computes it: at lr 0 every update's ratio is exactly 1, whatever top-k / top-p / min-p kept. (With the
+    sampler's filtered log-probs as `old`, the ratio is the kept mass, < 1, and negative-advantage tokens
+    get clipped.) The sampler-vs-trainer numerics check compares unfiltered log-probs on both sides."""
+    _, _, state, step = setup(lr=0.0, num_minibatches=2, sampling=R.SamplingConfig(
+        max_new_tokens=16, eos_ids=(2,), temperature=1.0, decode_segments=2, **filters))
+    state, m = step(state, batch())
+    assert float(m["train/ratio_mean"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(m["train/clip_low"]) == 0.0 and float(m["train/clip_high"]) == 0.0
+    assert float(m["train/logp_diff_max"]) <= 1e-4
+
+
+def test_dapo_normaliser_with_several_minibatches():
+    """dapo, M = 2 updates: "generation" divides each update's token sum by the generation batch's tokens
+    (TRL 0.23, the reference), "window" by half of them (TRL >= 1.x): the logged losses differ by exactly 2."""
+    kw = dict(lr=0.0, num_minibatches=2, loss=losses.LossConfig(beta=0.04, loss_type="dapo"))
+    out = {}
+    for norm in ("generation", "window"):
+        _, _, state, step = setup(dapo_normalizer=norm, **kw)
+        out[norm] = step(state, batch())[1]
+    for k in ("train/pg_loss", "train/kl_loss", "train/loss"):
+        assert float(out["window"][k]) == pytest.approx(2 * float(out["generation"][k]), rel=1e-5, abs=1e-9), k
+    with pytest.raises(ValueError, match="dapo_normalizer"):
+        R.RLConfig(dapo_normalizer="per_token")
+
+
+def test_logged_loss_terms_do_not_shrink_under_accumulation():
+    """dapo: the logged pg_loss / kl_loss of an update with 2 accumulated micro-batches equal those without
+    accumulation (a mean over micro-batches would be half of them)."""
+    kw = dict(lr=0.0, loss=losses.LossConfig(beta=0.04, loss_type="dapo"))
+    ms = [setup(grad_accum_steps=a, **kw) for a in (1, 2)]
+    m1, m2 = [step(state, batch())[1] for _, _, state, step in ms]
+    for k in ("train/pg_loss", "train/kl_loss", "train/loss"):
+        assert float(m2[k]) == pytest.approx(float(m1[k]), rel=1e-4, abs=1e-8), k
+
+
 def test_reward_that_raises_or_nans_for_one_sample():
     calls = {"n": 0}
 
@@ -124,7 +162,7 @@ def test_reward_that_raises_or_nans_for_one_sample():
     _, _, state, step = setup(reward_fn=flaky)
     state, m = step(state, batch())
     failed = int(m["reward/failed"])
-    assert failed >= 2  # 16 rows: calls 5, 10, 15 raise and call 7, 14 return NaN
+    assert failed == 5  # call 1 is the batch; per-sample calls 2..17: calls 5, 10, 15 raise, calls 7, 14 NaN
     assert np.isfinite(float(m["train/loss"]))
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
     # reward mean counts the failures as 0
@@ -138,6 +176,8 @@ def test_config_errors():
         R.RLConfig(guide="nope")
     with pytest.raises(ValueError, match="beta=0"):
         R.RLConfig(guide="branch", loss=losses.LossConfig(beta=0.0))
+    with pytest.raises(ValueError, match="forward"):
+        R.RLConfig(guide="branch", loss=losses.LossConfig(beta=0.05, kl_mode="forward"))
 
 
 # Golden values of one step from a fixed seed (tiny random Qwen2, 4 prompts x 4, 16 tokens, branch guide).

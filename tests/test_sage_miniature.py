@@ -1,11 +1,15 @@
 """The miniature SAGE study's pipeline (experiments/sage_miniature/) in its --quick mode, end to end.
 
 Runs `run.py --quick` into a temporary folder (calibration, 2 methods + the base, 1 seed, 4 RL steps,
-n = 8 on 8 problems), checks that every output file is produced, re-derives every number of the
+n = 8 on 8 problems), checks that every output file is produced, that the procedure metrics
+(distinct correct strategies, share per procedure) reach results.json, re-derives every number of the
 results.md tables from results.json, and checks that a second invocation runs no job and changes no file.
+The power-estimate arithmetic (`stats.required_counts`, `stats.two_level_counts`) is checked on
+hand-computed cases without running anything.
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -17,8 +21,11 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = REPO / "experiments" / "sage_miniature" / "run.py"
+STUDY = REPO / "experiments" / "sage_miniature"
+RUN = STUDY / "run.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PROCEDURES = ("rule", "terms", "left", "right")
+POWER_HEADING = "### Power of the undecided comparisons"
 
 
 def _run(out: Path) -> tuple[str, float]:
@@ -69,7 +76,9 @@ def test_every_output_file_is_produced(study):
     assert cal == res["calibration"]
     # the rule: the branch threshold is the 80th percentile of the base's validation-token entropy
     assert cal["quantile"] == 0.8 and abs(cal["threshold"] - cal["quantiles"]["p80"]) < 1e-3
-    assert cal["val_problems"].startswith("train[256:")
+    # validation problems: the last V of the 50k training problems (no RL pool any more)
+    assert cal["val_problems"] == f"train[{50000 - res['budget']['val_problems']}:50000]"
+    assert res["eval_settings"]["max_tokens"] == 96 and cal["spec"]["max_new_tokens"] == 96
     spec = json.loads((out / "work" / "specs" / "train__sage_branch_s0.json").read_text())
     assert spec["overrides"]["sage.branch.threshold"] == cal["threshold"]
     assert "threshold" not in json.dumps(json.loads((out / "work" / "specs" / "train__grpo_s0.json").read_text()))
@@ -77,11 +86,45 @@ def test_every_output_file_is_produced(study):
         assert key in res["training_curves"]["grpo"], key
 
 
+def test_strategy_metrics_reach_results_json(study):
+    out, _, _ = study
+    res = json.loads((out / "results.json").read_text())
+    assert res["strategy_labels"] == list(PROCEDURES) and res["problems_available"] == 500
+    shares = [f"share/{x}" for x in PROCEDURES]
+    for name, r in res["runs"].items():
+        for metric in ["distinct_correct_strategies", "distinct_correct_completions", *shares]:
+            assert metric in r["metrics"] and metric in r["per_problem"], (name, metric)
+        dcs, p1 = r["per_problem"]["distinct_correct_strategies"], r["per_problem"]["pass@1"]
+        for i, d in enumerate(dcs):
+            # left / right count too where the order of operations does not change the value
+            assert d in (0.0, 1.0, 2.0, 3.0, 4.0) and (d == 0 or p1[i] > 0), (name, i)
+            total = sum(r["per_problem"][m][i] for m in shares)
+            assert -1e-9 <= total <= 1 + 1e-9, (name, i)
+        # the shares agree with the raw per-sample labels of the evaluation
+        raw = json.loads((out / "work" / "eval" / name / "eval" / "results.json").read_text())
+        recs = list(next(iter(raw["models"][name]["benchmarks"].values()))["problems"].values())
+        labels = [x for rec in recs for x in rec["strategies"]]
+        assert len(labels) == res["eval_settings"]["n"] * len(res["problem_ids"])
+        for x in PROCEDURES:
+            assert abs(np.mean([y == x for y in labels]) - r["metrics"][f"share/{x}"]["mean"]) < 1e-5, (name, x)
+    for key, m in res["methods"].items():
+        for metric in ["distinct_correct_strategies", *shares]:
+            assert metric in m["seed_stats"], (key, metric)
+    claim = next(c for c in res["claims"] if c["id"] == "branch_keeps_exploration")
+    assert claim["verdict"] != "not evaluated"  # base, grpo and sage_branch all run in --quick
+    metrics = {t[2] for comp in claim["comparisons"] for t in comp["terms"]}
+    assert {"share/terms", "distinct_correct_strategies"} <= metrics
+    for c in res["claims"]:
+        for comp in c["comparisons"]:
+            assert ("power" in comp) == (comp["outcome"] == "neither"), comp["name"]
+
+
 def test_table_numbers_are_computed_from_results_json(study):
     out, _, _ = study
     res = json.loads((out / "results.json").read_text())
     md = (out / "results.md").read_text()
-    main, diag, *claims = _tables(md)
+    assert POWER_HEADING in md
+    main, diag, *claims = _tables(md.split(POWER_HEADING)[0])
     kmax = res["kmax"]
     runs = res["runs"]
 
@@ -103,7 +146,9 @@ def test_table_numbers_are_computed_from_results_json(study):
         assert row[3:5] == ([f"{paper[0]:.3f}", f"{paper[1]:.3f}"] if paper else [row[3]] * 2)
     header = md.split("### Diagnostics")[1].split("| method |")[1].split("\n")[0]
     cols = [c.strip() for c in header.strip().strip("|").split("|")]
-    decimals = {"distinct_correct_answers": 2, "distinct_correct_completions": 2, "mean_length": 1}
+    decimals = {"distinct_correct_answers": 2, "distinct_correct_completions": 2, "distinct_correct_strategies": 2,
+                "mean_length": 1}
+    assert {"distinct_correct_strategies", "share/rule", "share/terms", "share/left", "share/right"} <= set(cols)
     for row, key in zip(diag, res["methods"]):
         assert row[0] == f"`{key}`"
         for cell, col in zip(row[1:], cols):
@@ -128,6 +173,69 @@ def test_table_numbers_are_computed_from_results_json(study):
             assert (lo, hi) == (round(comp["lo"], 4), round(comp["hi"], 4))
             assert lo <= hi
             assert row[3] == comp["outcome"]
+    # power: one row per undecided comparison, the counts re-derived from its estimate and CI
+    power_rows = _tables(md.split(POWER_HEADING)[1].split("### Calibration")[0])
+    undecided = [comp for c in res["claims"] for comp in c["comparisons"] if "power" in comp]
+    rows = power_rows[0] if power_rows else []
+    assert len(rows) == len(undecided)
+    P, S = len(res["problem_ids"]), len(res["budget"]["seeds"])
+    for row, comp in zip(rows, undecided):
+        assert row[0].startswith(comp["name"])
+        d = comp["estimate"]
+        h = d - comp["lo"] if d >= 0 else comp["hi"] - d
+        if d == 0:
+            assert row[2] == row[3] == "never"
+            continue
+        need_p, need_s = math.floor(P * (h / d) ** 2 + 1e-9) + 1, math.floor(S * (h / d) ** 2 + 1e-9) + 1
+        assert (comp["power"]["problems_needed"], comp["power"]["seeds_needed"]) == (need_p, need_s)
+        assert row[2] == (str(need_p) if need_p <= 500 else f"{need_p} (> the 500 held-out)")
+        assert row[3] == str(need_s)
+        assert comp["power"]["problems_within_available"] == (need_p <= 500)
+
+
+def _study_modules(*names):
+    """The study's modules (`stats`, `report`, ...) imported from its folder, without leaving them (or the
+    folder) in sys.modules / sys.path, where their generic names could shadow other tests' modules."""
+    import importlib
+    saved = {n: sys.modules.pop(n) for n in ("stats", "methods", "report") if n in sys.modules}
+    sys.path.insert(0, str(STUDY))
+    try:
+        return [importlib.import_module(n) for n in names]
+    finally:
+        sys.path.remove(str(STUDY))
+        for n in ("stats", "methods", "report"):
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+
+
+def test_power_estimate_arithmetic():
+    """Hand-computed: difference +0.02, CI [-0.004, +0.05] -> half-width toward 0 = 0.024, (0.024 / 0.02)^2
+    = 1.44; 128 problems x 1.44 = 184.3 -> 185; 3 seeds x 1.44 = 4.32 -> 5 (the smallest count above). Negative differences use the
+    upper bound. Two-level with seed share f: problems = 128 h^2 (1 - f) / (d^2 - h^2 f), seeds = 3 h^2 f /
+    (d^2 - h^2 (1 - f)); f = 0.5: 128 x 0.000288 / 0.000112 = 329.1 -> 330, 3 x 0.000288 / 0.000112 =
+    7.7 -> 8; f = 0.9: h^2 f = 0.000518 > d^2 = 0.0004, so no number of problems suffices at 3 seeds."""
+    (stats,) = _study_modules("stats")
+    r = stats.required_counts(0.02, -0.004, 0.05, problems=128, seeds=3)
+    assert r["half_width"] == pytest.approx(0.024)
+    assert (r["problems_needed"], r["seeds_needed"]) == (185, 5)
+    r = stats.required_counts(-0.02, -0.05, 0.004, problems=128, seeds=3)
+    assert (r["problems_needed"], r["seeds_needed"]) == (185, 5)
+    # a CI bound exactly at 0 (ratio 1) does not exclude it: one more than there are now
+    r = stats.required_counts(0.25, 0.0, 0.5, problems=64, seeds=3)
+    assert (r["problems_needed"], r["seeds_needed"]) == (65, 4)
+    # ratio (0.03 / 0.02)^2 = 2.25, 128 x 2.25 = 288 exactly (up to rounding) -> 289
+    assert stats.required_counts(0.02, -0.01, 0.05, problems=128, seeds=3)["problems_needed"] == 289
+    assert stats.required_counts(0.0, -0.1, 0.1, problems=64, seeds=3)["problems_needed"] is None
+    assert stats.two_level_counts(0.02, -0.004, 0.05, 128, 3, 0.5) == {"problems_needed": 330, "seeds_needed": 8}
+    assert stats.two_level_counts(0.02, -0.004, 0.05, 128, 3, 0.9) == {"problems_needed": None, "seeds_needed": 5}
+    assert stats.two_level_counts(0.02, -0.004, 0.05, 128, 1, 0.0)["seeds_needed"] is None  # no seed variance
+
+
+def test_claims_read_metrics_the_report_keeps():
+    report, stats = _study_modules("report", "stats")
+    kept = set(report.PER_PROBLEM_KEEP) | {"pass@1", "kmax"}
+    assert stats.claim_metrics() <= kept
+    assert {"distinct_correct_strategies", "share/terms"} <= stats.claim_metrics()
 
 
 def test_second_invocation_skips_finished_work(study):

@@ -1,6 +1,7 @@
-"""The tiny model's char tokenizer survives save / load (transformers 5 would rebuild it as byte-level BPE)."""
+"""The tiny model's char tokenizer survives save / load, and outside tools that load exports through
+transformers' auto classes get the same ids and the same greedy text as this project."""
 
-import numpy as np
+import pytest
 from flax import nnx
 
 from sage_jax.config_lib import TINY_BASE
@@ -40,3 +41,86 @@ def test_shipped_tiny_base_tokenizer_round_trips():
                                      add_generation_prompt=True)
     assert prompt == "<|im_start|>user\nCompute 4-5.<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token_id == 2 and tok.pad_token_id == 0
+
+
+# --- outside tools: transformers' AutoTokenizer / AutoModelForCausalLM read our exports as we do ---------
+
+def _old_word_level_tokenizer():
+    """The char tokenizer as it was before (a WordLevel model): AutoTokenizer misreads it under qwen2."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from sage_jax.models.tiny import CHAT_TEMPLATE, SPECIALS
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(SPECIALS + CHARS)}, unk_token=SPECIALS[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=SPECIALS[0], eos_token=SPECIALS[2])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _auto_ids_equal_file_ids(path):
+    """AutoTokenizer ids == the ids of tokenizer.json read by the `tokenizers` library itself."""
+    import os
+
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+    raw = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    auto = AutoTokenizer.from_pretrained(path)
+    chat = auto.apply_chat_template([{"role": "user", "content": "Compute 4-5*2."}], tokenize=False,
+                                    add_generation_prompt=True)
+    for text in TEXTS + [chat + "rule: 4-5*2 = 4-10 = -6. \\boxed{-6}<|im_end|>\n", " lead\n\n  trail  "]:
+        want = raw.encode(text, add_special_tokens=False).ids
+        assert auto(text, add_special_tokens=False)["input_ids"] == want, (type(auto).__name__, text)
+        assert auto.decode(want) == text
+    return auto
+
+
+def test_auto_tokenizer_reads_the_shipped_base():
+    auto = _auto_ids_equal_file_ids(TINY_BASE)
+    assert auto.eos_token_id == 2 and auto.pad_token_id == 0
+    assert hf.auto_tokenizer_mismatch(TINY_BASE) is None
+
+
+def test_auto_tokenizer_reads_a_fresh_export(tmp_path):
+    cfg = tiny_config(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    out = hf.save(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, str(tmp_path / "m"), tokenizer=char_tokenizer())
+    _auto_ids_equal_file_ids(out)
+    out = hf.save(hf.load(out)[0], cfg, str(tmp_path / "m2"), tokenizer=hf.load_tokenizer(out))  # an export of an export
+    _auto_ids_equal_file_ids(out)
+
+
+def test_misread_export_is_detected(tmp_path, caplog):
+    """The check is not vacuous: the old WordLevel char tokenizer under model_type qwen2 is misread and
+    `hf.save` says so in one warning line."""
+    cfg = tiny_config(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    with caplog.at_level("WARNING", logger="sage_jax.models.hf"):
+        out = hf.save(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, str(tmp_path / "m"), tokenizer=_old_word_level_tokenizer())
+    msg = hf.auto_tokenizer_mismatch(out)
+    assert msg is not None and "Qwen2Tokenizer" in msg
+    assert any("Qwen2Tokenizer" in r.getMessage() for r in caplog.records)
+
+
+def test_transformers_greedy_generate_matches_our_sampler():
+    """The shipped base through AutoTokenizer + AutoModelForCausalLM.generate (greedy) writes the same text as
+    this project's sampler at temperature 0, on several held-out prompts."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sage_jax.data.templates import format_prompt
+    from sage_jax.sampling import SamplingConfig, TextSampler
+    auto_tok = AutoTokenizer.from_pretrained(TINY_BASE)
+    auto_model = AutoModelForCausalLM.from_pretrained(TINY_BASE, dtype=torch.float32).eval()
+    ours = TextSampler(hf.load(TINY_BASE)[0], hf.load_tokenizer(TINY_BASE),
+                       SamplingConfig(max_new_tokens=96, temperature=0.0, eos_ids=(2,), pad_id=0), batch_size=4)
+    problems = ["Compute 3+4*2-5.", "Compute 9-2*3*4+1.", "Compute 7*6-5+4*3-2.", "Compute 2+2+2."]
+    prompts = [format_prompt(p, "chat", auto_tok) for p in problems]
+    mine = [g[0].text for g in ours.generate(prompts, n=1, seed=0)]
+    for prompt, text in zip(prompts, mine):
+        ids = auto_tok(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            out = auto_model.generate(ids, max_new_tokens=96, do_sample=False, eos_token_id=2, pad_token_id=0)
+        theirs = auto_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert theirs == text, (prompt, theirs, text)
+        assert "\\boxed{" in text  # a real worked answer, not an empty or garbled string

@@ -71,28 +71,123 @@ def _strip_perf(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-def test_exact_resume_after_sigkill(base, data_dir, tmp_path):
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    summary_a, _ = _run(_cmd(a, base, data_dir))
-    assert summary_a["start_step"] == 0 and summary_a["end_step"] == 6
+# A small final evaluation, so that kills around it can be tested: 4 held-out problems x 2 samples.
+EVAL = ("--config.eval.at_end=True", "--config.eval.num_problems=4", "--config.eval.n=2",
+        "--config.eval.batch_size=8", "--config.eval.max_new_tokens=16")
 
-    # Kill the second run with SIGKILL once step 4 is logged: checkpoint 3 is complete (sync saves), 6 not.
-    proc = subprocess.Popen(_cmd(b, base, data_dir), env=_env(0.5), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    _wait_for(lambda: _steps_logged(b) >= 4, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert sorted(os.listdir(os.path.join(b, "checkpoints"))) == ["3"]
 
-    summary_b, _ = _run(_cmd(b, base, data_dir))
-    assert summary_b["start_step"] == 3 and summary_b["end_step"] == 6
-    # Identical parameters, bit for bit, and identical per-step metrics.
+@pytest.fixture(scope="module")
+def reference(base, data_dir, tmp_path_factory):
+    """An uninterrupted 6-step run with its final evaluation: what every killed-and-restarted run must equal."""
+    a = str(tmp_path_factory.mktemp("ref") / "a")
+    summary, _ = _run(_cmd(a, base, data_dir, extra=EVAL))
+    assert summary["start_step"] == 0 and summary["end_step"] == 6
+    return a
+
+
+def _same_run(a, b):
+    """Bit-identical parameters, and every metric of `a` in `b`'s metrics.jsonl with the same value."""
     with open(os.path.join(a, "export_hf", "model.safetensors"), "rb") as fa, \
             open(os.path.join(b, "export_hf", "model.safetensors"), "rb") as fb:
         assert fa.read() == fb.read()
     assert _strip_perf(read_metrics(a)) == _strip_perf(read_metrics(b))
-    assert [r["step"] for r in read_metrics(b)] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in read_metrics(b)] == [1, 2, 3, 4, 5, 6, 6]  # the last: the final eval
+    assert "eval/pass@1" in read_metrics(b)[-1]
+
+
+def _kill_when(workdir, cmd, pred):
+    proc = subprocess.Popen(cmd, env=_env(0.5), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(pred, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_exact_resume_after_sigkill(reference, base, data_dir, tmp_path):
+    b = str(tmp_path / "b")
+    # Killed once step 4 is logged: checkpoint 3 is complete (sync saves), 6 not.
+    _kill_when(b, _cmd(b, base, data_dir, extra=EVAL), lambda: _steps_logged(b) >= 4)
+    assert sorted(os.listdir(os.path.join(b, "checkpoints"))) == ["3"]
+    summary_b, _ = _run(_cmd(b, base, data_dir, extra=EVAL))
+    assert summary_b["start_step"] == 3 and summary_b["end_step"] == 6
+    _same_run(reference, b)
+
+
+def test_sigkill_right_after_a_checkpoint_loses_no_metric(reference, base, data_dir, tmp_path):
+    """Step N's metrics are on disk before checkpoint N exists: the restart, which resumes after N, never
+    writes them, so they must already be there."""
+    b = str(tmp_path / "b")
+    _kill_when(b, _cmd(b, base, data_dir, extra=EVAL), lambda: os.path.isdir(os.path.join(b, "checkpoints", "3")))
+    assert 3 in [r["step"] for r in read_metrics(b)]
+    summary_b, _ = _run(_cmd(b, base, data_dir, extra=EVAL))
+    assert summary_b["start_step"] == 3
+    _same_run(reference, b)
+
+
+def test_sigkill_before_the_final_evaluation_is_logged(reference, base, data_dir, tmp_path):
+    """Killed after the last checkpoint, while the final evaluation runs: the restart finds the run finished,
+    evaluates (what is missing) and writes the eval row the first attempt never wrote."""
+    b = str(tmp_path / "b")
+    _kill_when(b, _cmd(b, base, data_dir, extra=EVAL), lambda: os.path.isdir(os.path.join(b, "checkpoints", "6")))
+    assert not any("eval/pass@1" in r for r in read_metrics(b))
+    summary_b, _ = _run(_cmd(b, base, data_dir, extra=EVAL))
+    assert summary_b["start_step"] == 6
+    _same_run(reference, b)
+    again, _ = _run(_cmd(b, base, data_dir, extra=EVAL))  # a finished run rerun: nothing new, nothing lost
+    _same_run(reference, b)
+
+
+def test_restart_survives_a_cut_last_metrics_line(reference, base, data_dir, tmp_path):
+    """A kill during a write leaves half a JSON line at the end of metrics.jsonl; the restart drops it."""
+    b = str(tmp_path / "b")
+    shutil.copytree(reference, b)
+    shutil.rmtree(os.path.join(b, "checkpoints", "6"))
+    shutil.rmtree(os.path.join(b, "export_hf"))
+    with open(os.path.join(b, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
+        f.writelines(lines[:4] + [lines[4][: len(lines[4]) // 2]])  # steps 1-4, then half of step 5's line
+    summary_b, _ = _run(_cmd(b, base, data_dir, extra=EVAL))
+    assert summary_b["start_step"] == 3
+    _same_run(reference, b)
+
+
+def test_deleted_checkpoints_start_over_without_a_second_history(reference, base, data_dir, tmp_path):
+    b = str(tmp_path / "b")
+    shutil.copytree(reference, b)
+    shutil.rmtree(os.path.join(b, "checkpoints"))
+    summary_b, p = _run(_cmd(b, base, data_dir, extra=EVAL))
+    assert summary_b["start_step"] == 0
+    assert "dropping" in p.stderr
+    _same_run(reference, b)
+
+
+def test_another_model_in_the_same_workdir_is_refused(reference, base, data_dir, tmp_path):
+    from sage_jax.config_lib import TINY_BASE
+    b = str(tmp_path / "b")
+    shutil.copytree(reference, b)
+    before = sorted(os.listdir(b)), open(os.path.join(b, "metrics.jsonl")).read()
+    p = subprocess.run(_cmd(b, TINY_BASE, data_dir, extra=EVAL), env=_env(0), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = [ln for ln in p.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "model.path" in err[0] and "another --workdir" in err[0], p.stderr[-2000:]
+    assert (sorted(os.listdir(b)), open(os.path.join(b, "metrics.jsonl")).read()) == before  # untouched
+
+
+def test_crash_mid_training_leaves_whole_checkpoints(base, data_dir, tmp_path):
+    """A crash while an asynchronous save may be under way: the save finishes (or fails) before the process
+    exits, with no "Event loop is closed" spam, and the rerun resumes from an intact checkpoint."""
+    w = str(tmp_path / "crash")
+    cmd = _cmd(w, base, data_dir, steps=6, extra=("--config.ckpt.async_save=True", "--config.checkpoint_every=1"))
+    env = dict(_env(0), CRASH_AT_BATCH="4")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and "injected crash at batch 4" in p.stderr
+    assert "Event loop is closed" not in p.stderr, p.stderr[-3000:]
+    assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == ["1", "2", "3"]
+    summary, proc = _run(cmd)
+    assert summary["start_step"] == 3 and summary["end_step"] == 6
+    assert "could not be restored" not in proc.stderr
 
 
 def test_sigterm_saves_and_resumes(base, data_dir, tmp_path):
@@ -125,6 +220,11 @@ def test_corrupted_latest_checkpoint_is_skipped(base, data_dir, tmp_path):
     summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
     assert summary["start_step"] == 3, proc.stderr[-2000:]
     assert "could not be restored" in proc.stderr
+    # moved aside, so the rerun wrote a good step 6 where the bad one was; the next run resumes at 7
+    assert os.listdir(os.path.join(w, "checkpoints.corrupt")) == ["6"]
+    assert {"6", "7"} <= set(os.listdir(os.path.join(w, "checkpoints")))
+    summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
+    assert summary["start_step"] == 7 and "could not be restored" not in proc.stderr
 
 
 def test_cli_config_error_is_one_line(base, data_dir, tmp_path):

@@ -7,8 +7,6 @@ import os
 import sys
 import time
 
-from absl import app
-
 from sage_jax import rewards
 
 
@@ -19,8 +17,34 @@ def _slow_exact_match(completions, answers):
 
 rewards.register_reward("slow_exact_match", _slow_exact_match)
 
+
+def _crash_at(n: int) -> None:
+    """CRASH_AT_BATCH=N: the data iterator raises when batch N is drawn (a crash mid-training, with an
+    asynchronous checkpoint save possibly under way)."""
+    from sage_jax import train
+    make = train.prompt_iterator
+
+    class Crashing:
+        def __init__(self, it):
+            self.it, self.k = it, 0
+
+        def __next__(self):
+            self.k += 1
+            if self.k == n:
+                raise RuntimeError(f"injected crash at batch {n}")
+            return next(self.it)
+
+        def __getattr__(self, name):
+            return getattr(self.it, name)
+
+    train.prompt_iterator = lambda *a, **k: Crashing(make(*a, **k))
+
+
+if os.environ.get("CRASH_AT_BATCH"):
+    _crash_at(int(os.environ["CRASH_AT_BATCH"]))
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from sage_jax import main
 
-    app.run(main.main)
+    main.cli()

@@ -9,7 +9,7 @@ on our side, `min_new_tokens` on TRL's), learning rate, AdamW settings, beta > 0
 text reward (`reward.py`). TRL runs in its own pinned virtual environment (`.venv-trl`, created on
 first use from `trl_requirements.txt`), in a subprocess, one shape at a time, interleaved with ours.
 
-Outputs next to this file: results.json (DESIGN §6 schema plus extra keys), results.md, scaling.png.
+Outputs next to this file: results.json (docs/design.md §6 schema plus extra keys), results.md, scaling.png.
 Dimension key: N prompts, G group size, B = N * G rows, P prompt length, T completion length,
 D model, F MLP, L layers, H / K query / kv heads, Dh head dim, V vocab.
 """

@@ -76,3 +76,56 @@ def markdown(res, shapes):
               "|---|" + "---|" * len(sc["group_size"]),
               "| s | " + " | ".join(f"{v:.3f}" for v in sc["group_size"].values()) + " |"]
     return "\n".join(L) + "\n"
+
+
+# ----------------------------------------------------------------------------- the top-level README's table
+
+# (results file relative to this folder, shape, machine label): the rows of the README's "RL step vs TRL"
+# table, each read from the results file its run wrote (bench.py / h200.sh)
+README_ROWS = [
+    ("results_quick.json", "tiny", "2-core CPU, fp32 (idle)"),
+    ("results_small.json", "small", "2-core CPU, fp32 (idle)"),
+    ("h200/results_h200_bf16.json", "tiny", "H200, bf16"),
+    ("h200/results_h200_bf16.json", "small", "H200, bf16"),
+    ("h200/bf16.log", "medium", "H200, bf16"),
+    ("h200/results_h200_fp32_small.json", "small", "H200, fp32"),
+]
+SHAPES = {"tiny": "tiny h128/L4 (64 x 64)", "small": "small h512/L8 (64 x 128)",
+          "medium": "medium h896/L12, 179M params (64 x 256)"}
+
+
+def _row(here, path, shape):
+    """(ours s/step, TRL s/step) of one shape from a results file. The H200 medium shape's results file was
+    lost with the run's time limit (bench README): ours is the `medium none` line of the run's log, TRL the
+    `trl_medium_defaults.json` that run wrote."""
+    import ast
+    import json
+    import os
+    if path.endswith(".log"):
+        line = next(ln for ln in open(os.path.join(here, path)) if ln.startswith(f"{shape} none "))
+        ours = ast.literal_eval(line.split(" ", 2)[2])["median_step_s"]
+        trl = json.load(open(os.path.join(here, "h200", f"trl_{shape}_defaults.json")))["median_step_s"]
+        return ours, trl
+    r = json.load(open(os.path.join(here, path)))[shape]
+    return r["ours_step_s"], r["trl_step_s"]
+
+
+def readme_table(here):
+    L = ["| machine, dtype | shape (rows x tokens) | ours s/step | TRL s/step | speedup | results file |",
+         "|---|---|---|---|---|---|"]
+    for path, shape, machine in README_ROWS:
+        ours, trl = _row(here, path, shape)
+        L.append(f"| {machine} | {SHAPES[shape]} | {ours:.3g} | {trl:.3g} | {trl / ours:.2f}x | "
+                 f"`experiments/bench/{path}` |")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":  # python experiments/bench/report.py --readme: rewrite the README's table
+    import os
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.dirname(here))
+    from readme_blocks import write_block
+    if "--readme" in sys.argv:
+        write_block(os.path.join(here, "..", "..", "README.md"), "bench", readme_table(here))
+    print(readme_table(here))

@@ -1,10 +1,11 @@
 """What the miniature study runs: the methods (exact config overrides of configs/tiny.py), the budgets
 of the full and quick modes, and the paper's published numbers.
 
-Every trained method starts from `configs/tiny.py:get_config()` (the shipped tiny base, procedural
-arithmetic, 8 prompts x 8 rollouts x <= 48 tokens per step, lr 1e-4, a 256-problem training pool) and
-shares `COMMON`; only the fields in its `overrides` differ. Seed s of every method sees the same
-prompts in the same order (the data order and the RL key derive from `seed`).
+Every trained method starts from `configs/tiny.py:get_config()` (the shipped tiny base, the procedural
+`strategies` task: 3-6 operands, four solution procedures, two of them correct; 8 fresh prompts x 8
+rollouts x <= 96 tokens per step drawn from the 50k-problem training split, no pool; lr 1e-4) and shares
+the common fields `run.py` sets; only the fields in its `overrides` differ. Seed s of every method sees
+the same prompts in the same order (the data order and the RL key derive from `seed`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ BETA = 0.05  # the paper's KL coefficient (k3 against the shaped anchor)
 DAPO_EPS_HIGH = 0.2
 THRESHOLD = "calibrated"  # placeholder replaced by calibration.json's threshold (see run.py)
 
-# Published averages (AIME, AMC23, MATH-500; Qwen2.5-Math-7B base) as quoted in /work/shared/DESIGN.md
+# Published averages (AIME, AMC23, MATH-500; Qwen2.5-Math-7B base) as quoted in docs/design.md
 # section 1 from SAGE (arXiv 2605.18864); (pass@1, pass@256). None: not in that excerpt.
-PAPER_SOURCE = "SAGE (arXiv 2605.18864), Qwen2.5-Math-7B, avg of AIME / AMC23 / MATH-500, as quoted in DESIGN.md §1"
+PAPER_SOURCE = "SAGE (arXiv 2605.18864), Qwen2.5-Math-7B, avg of AIME / AMC23 / MATH-500, as quoted in docs/design.md §1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,25 +72,37 @@ class Budget:
     eval_problems: int  # first N problems of the held-out test split
     eval_n: int  # samples per problem
     eval_batch: int  # sampler rows per call (problems_per_batch = eval_batch // eval_n)
-    val_problems: int  # calibration: train[256 : 256 + val_problems]
+    val_problems: int  # calibration: the last V of the training split, train[TRAIN_SIZE - V : TRAIN_SIZE]
     val_n: int  # calibration samples per problem
 
 
-# Full mode: sizes picked from measured times on the 2-core CPU (see README "Budget").
-FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=90, checkpoint_every=45,
-              log_every=5, eval_problems=64, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
-# Quick mode: the whole pipeline in about a minute or two (tests/test_sage_miniature.py).
+# Full mode: the 200 steps of configs/tiny.py, 128 held-out problems (README "Budget" for the estimate).
+FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=200, checkpoint_every=100,
+              log_every=5, eval_problems=128, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
+# Quick mode: the whole pipeline, strategy metrics included, in a few minutes (tests/test_sage_miniature.py).
 QUICK = Budget(methods=("base", "grpo", "sage_branch"), seeds=(0,), steps=4, checkpoint_every=2,
                log_every=1, eval_problems=8, eval_n=8, eval_batch=64, val_problems=8, val_n=4)
 
 # Calibration rule, fixed before any pass@k is seen (README "Calibration"): the branch guide should shape
 # the high-entropy "forking" minority of tokens, the top 20% by entropy (Wang et al. 2025); for the tiny
-# model that is the 80th percentile of the base's per-token entropy on validation problems from the
-# training split outside the RL pool, sampled with the rollout settings. Ratio 0.3 and q in [0.6, 1.4]
-# stay at the reference values; the token and random guides keep their reference defaults.
+# model that is the 80th percentile of the base's per-token entropy on validation problems, the last V of
+# the 50k training split, sampled with the rollout settings. There is no pool to stay outside of: RL draws
+# 8 x 200 = 1600 of the 50k training problems per run, so a run may share a few prompts with the validation
+# problems, which is harmless for an entropy quantile of the untrained base. The test split is disjoint
+# from train by construction. Ratio 0.3 and q in [0.6, 1.4] stay at the reference values; the token and
+# random guides keep their reference defaults.
 CALIBRATION_QUANTILE = 0.8
+TRAIN_SIZE = 50000  # training problems of the `strategies` builder config (builders.STRATEGIES_TASK)
+TEST_SIZE = 500  # its held-out problems: the most an evaluation can use (the cap of the power estimate)
+MAX_NEW_TOKENS = 96  # rollout.max_new_tokens = eval.max_new_tokens of configs/tiny.py
 CALIBRATION_RULE = ("branch threshold = 80th percentile of the tiny base's per-token entropy (nats) on its "
-                    "completions of validation problems train[256:256+V] (outside the 256-problem RL pool, "
-                    "disjoint from the test split), temperature 1.0, <= 48 tokens: the top-20% high-entropy "
-                    "'forking' tokens of Wang et al. 2025 are shaped; ratio 0.3, q in [0.6, 1.4] unchanged")
-POOL = 256  # c.data.max_train_problems of configs/tiny.py: the RL pool is train[0:256]
+                    "completions of validation problems train[50000-V:50000] (the last V of the 50k training "
+                    "problems; RL draws 1600 of them per run, so a few may overlap a run's prompts, harmless "
+                    "for an entropy quantile; disjoint from the test split), temperature 1.0, <= 96 tokens: "
+                    "the top-20% high-entropy 'forking' tokens of Wang et al. 2025 are shaped; ratio 0.3, "
+                    "q in [0.6, 1.4] unchanged")
+
+
+def val_start(b: Budget) -> int:
+    """First validation problem of the calibration: the last `b.val_problems` of the training split."""
+    return TRAIN_SIZE - b.val_problems

@@ -17,17 +17,20 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import stats
-from methods import BY_KEY, CALIBRATION_RULE, PAPER_SOURCE
+from methods import BY_KEY, CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
 
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS (run.py rewrites this block) -->", "<!-- END GENERATED RESULTS -->"
 PLOTS = {"pass_at_k": "pass_at_k.png", "training": "training_curves.png", "entropy": "entropy_hist.png"}
 CURVES = [("reward/reward_mean", "train reward (exact match)"),
           ("train/kl", "KL to the anchor (forward KL for forward_kl)"),
           ("train/entropy", "policy token entropy (nats)"), ("sage/q_mean", "guide q mean")]
+STRATEGY_LABELS = ("rule", "terms", "left", "right")  # sage_jax.data.strategies.STRATEGIES, in table order
+SHARES = tuple(f"share/{x}" for x in STRATEGY_LABELS)
 DIAG = [("mean@n", 3), ("distinct_correct_answers", 2), ("distinct_correct_completions", 2),
+        ("distinct_correct_strategies", 2), *((x, 3) for x in SHARES),
         ("new_support", 3), ("mean_entropy", 3), ("mean_length", 1)]
-PER_PROBLEM_KEEP = ("mean@n", "distinct_correct_answers", "distinct_correct_completions", "new_support",
-                    "mean_entropy", "mean_length")
+PER_PROBLEM_KEEP = ("mean@n", "distinct_correct_answers", "distinct_correct_completions",
+                    "distinct_correct_strategies", *SHARES, "new_support", "mean_entropy", "mean_length")
 
 
 def _r(x, d=6):
@@ -74,16 +77,33 @@ def _curves(run_dirs: dict[str, str], window: int) -> dict:
     return out
 
 
+def _fill_unseen_shares(st: dict, pp: dict) -> None:
+    """`share/<label>` of a procedure no model ever sampled is 0 (the summary only has the labels it saw);
+    without procedure labels at all (an evaluation without strategy_fn) that is an error."""
+    if "distinct_correct_strategies" not in st:
+        raise ValueError("the evaluation has no procedure labels (evaluate_models ran without strategy_fn)")
+    for m in SHARES:
+        if m not in st:
+            st[m] = {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+            for row in pp.values():
+                row[m] = 0.0
+
+
 def build_results(plan: dict, calibration: dict, eval_dirs: dict[str, str], run_dirs: dict[str, str],
                   problem_ids: list[str], bench: str, timing: dict) -> dict:
     """Everything the report shows. `plan["methods"][key]["runs"]` maps seed -> run name."""
     summary, settings = summarize_evals(eval_dirs, problem_ids, bench)
     ks = summary["benchmarks"][bench]["ks"]
     kmax = ks[-1]
+    missing = {m for m in stats.claim_metrics() if m != "kmax" and m not in PER_PROBLEM_KEEP
+               and m not in {f"pass@{k}" for k in ks}}
+    if missing:
+        raise ValueError(f"stats.CLAIMS reads metrics the report does not keep: {sorted(missing)}")
     runs = {}
     for name in eval_dirs:
         st = summary["models"][name][bench]
         pp = summary["per_problem"][name][bench]
+        _fill_unseen_shares(st, pp)
         keep = [f"pass@{k}" for k in ks] + list(PER_PROBLEM_KEEP)
         runs[name] = {
             "metrics": {m: {s: _r(v) for s, v in st[m].items()} for m in keep + [f"maj@{kmax}"]},
@@ -115,12 +135,13 @@ def build_results(plan: dict, calibration: dict, eval_dirs: dict[str, str], run_
     trained = {k: {n: run_dirs[n] for n in v["runs"].values()} for k, v in plan["methods"].items() if v["trained"]}
     window = plan["curve_window"]
     return {
-        "schema": 1, "mode": plan["mode"], "budget": plan["budget"], "benchmark": bench,
+        "schema": 2, "mode": plan["mode"], "budget": plan["budget"], "benchmark": bench,
+        "problems_available": TEST_SIZE, "strategy_labels": list(STRATEGY_LABELS),
         "eval_settings": settings.to_json(), "problem_ids": problem_ids, "ks": ks, "kmax": kmax,
         "base_unsolved_problems": base_unsolved, "calibration": calibration, "paper_source": PAPER_SOURCE,
         "methods": methods, "runs": runs, "pass_at_k_curves": curves_k,
         "training_curves": {k: _curves(d, window) for k, d in trained.items()},
-        "claims": stats.decide_claims(per_problem_SxP, kmax), "timing": timing,
+        "claims": stats.decide_claims(per_problem_SxP, kmax, TEST_SIZE), "timing": timing,
     }
 
 
@@ -160,7 +181,11 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
               "differences is comparable, not the values.", "", "### Diagnostics", "",
               "distinct correct answers = distinct final answers among correct samples (at most 1 for a "
               "single-answer arithmetic task); distinct correct completions = distinct completion texts among "
-              f"correct samples (the diversity measure that matters here); new support = share of all "
+              "correct samples; distinct correct strategies = distinct procedures (the completion's opening "
+              "tag: `rule` and `terms` are correct, `left` and `right` only where the order of operations does "
+              "not change the value) among correct samples (the exploration measure); share/<procedure> = share "
+              "of a problem's n samples that follow it (samples without a known tag count in none); new "
+              f"support = share of all "
               f"problems solved (>= 1 correct of n) that the base never solved in its n samples (the base "
               f"left {res['base_unsolved_problems']} of {len(res['problem_ids'])} unsolved); entropy = mean "
               "per-token entropy of the completions (nats).", ""]
@@ -186,6 +211,7 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
             est = "–" if "estimate" not in r else f"{r['estimate']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}]"
             rows.append([r["name"] + ("" if r["counted"] else " (context)"), pred, est, r["outcome"]])
         lines += _table(["comparison", "predicted", "difference [95% CI]", "outcome"], rows) + [""]
+    lines += render_power(res)
     q = cal["quantiles"]
     lines += ["### Calibration", "", f"Rule (fixed before any pass@k was computed): {CALIBRATION_RULE}.", "",
               f"{cal['num_tokens']} completion tokens of the base on {cal['val_problems']} "
@@ -201,6 +227,46 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
               f"evaluation jobs, {t['calibrate_job_s']:.0f} s calibration; wall clock of the study "
               f"{t['study_wall_s'] / 60:.1f} min with --jobs {t['jobs']}.", ""]
     return "\n".join(lines)
+
+
+def _count(n, available=None) -> str:
+    if n is None:
+        return "never"
+    return f"{n} (> the {available} held-out)" if available is not None and n > available else str(n)
+
+
+def render_power(res: dict) -> list[str]:
+    """The power section: one row per comparison whose CI includes 0 (its `power` entry in results.json)."""
+    rows, P, S = [], len(res["problem_ids"]), len(res["budget"]["seeds"])
+    for c in res["claims"]:
+        for r in c["comparisons"]:
+            if "power" not in r:
+                continue
+            pw, two = r["power"], r["power"]["two_level"]
+            rows.append([r["name"] + ("" if r["counted"] else " (context)"),
+                         f"{r['estimate']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}]",
+                         _count(pw["problems_needed"], pw["problems_available"]), _count(pw["seeds_needed"]),
+                         f"{pw['seed_variance_share']:.2f}",
+                         _count(two["problems_needed"], pw["problems_available"]), _count(two["seeds_needed"])])
+    lines = ["### Power of the undecided comparisons", ""]
+    if not rows:
+        return lines + ["Every evaluated comparison's CI excludes 0.", ""]
+    return lines + [
+        f"For each comparison whose CI includes 0: the held-out problems (at the current {S} seed(s)) and, "
+        f"separately, the seeds (at the current {P} problems) that would make the 95% CI exclude 0 if the "
+        "observed difference were the true one, assuming the CI's half-width on zero's side scales as "
+        "1/sqrt(count): the smallest count above count x (half-width / |difference|)^2. The problem count "
+        "caps at the "
+        f"{res['problems_available']} problems of the held-out split: a larger number means no evaluation of "
+        "this testbed can settle the comparison at these seeds. Seeds and problems are not interchangeable: "
+        "the formula credits all of the CI's width to the count that changes, but where most of the bootstrap "
+        "variance is across seeds (column 'seed share': var over seeds / (var over seeds + var over "
+        "problems), from one-level bootstraps) more problems barely narrow the CI. The two-level columns keep "
+        "the other level's part of the variance fixed; 'never' = that part alone keeps the CI over 0 (with "
+        "one seed the seed variance is not observed, so the seed columns mean nothing).", ""
+    ] + _table(["comparison", "difference [95% CI]", f"problems needed ({S} seed{'s' * (S != 1)})",
+                f"seeds needed ({P} problems)", "seed share", "two-level: problems", "two-level: seeds"],
+               rows) + [""]
 
 
 def write_readme_block(readme: Path, block: str) -> None:

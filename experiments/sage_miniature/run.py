@@ -1,14 +1,15 @@
 """The miniature SAGE reproduction, one command (see README.md):
 
-    python experiments/sage_miniature/run.py                 # the full study (about 100 min on 2 cores)
-    python experiments/sage_miniature/run.py --quick --out /tmp/sage_mini_quick   # the pipeline in ~2 min
+    python experiments/sage_miniature/run.py                 # the full study (estimate: --dry-run prints it)
+    python experiments/sage_miniature/run.py --dry-run       # the plan and the time estimate, nothing run
+    python experiments/sage_miniature/run.py --quick --out /tmp/sage_mini_quick   # the pipeline, a few minutes
 
 Stages, each job in its own process (`worker.py`), at most `--jobs` at a time (each pinned to one core):
 calibrate (entropy of the base on validation problems -> branch threshold) -> train every (method, seed)
--> evaluate the base and every final policy on the same held-out problems with the same seeds ->
-report (results.json, results.md, PNGs; with --write-readme also the README's results block).
-Rerunning skips every finished job (its result file exists) and resumes unfinished ones from their
-checkpoints / stored samples; a job whose settings changed is refused (use another --out).
+-> evaluate the base and every final policy on the same held-out problems with the same seeds, labelling
+each sample's procedure -> report (results.json, results.md, PNGs; with --write-readme also the README's
+results block). Rerunning skips every finished job (its result file exists) and resumes unfinished ones
+from their checkpoints / stored samples; a job whose settings changed is refused (use another --out).
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ DEFAULT_OUT = HERE / "results"
 README = HERE / "README.md"
 TINY_BASE = os.path.join(REPO, "sage_jax", "assets", "tiny_base")
 
-# Measured on this project's 2-core CPU (README "Budget"): seconds per job, per --jobs value (1 = one job
-# using both cores; 2 = two jobs, one core each, as this pipeline runs them). Used only for the estimate.
-TRAIN_STEP_S = {1: 1.9, 2: 2.85}  # per RL step of configs/tiny.py (8 x 8 rollouts, <= 48 tokens)
-TRAIN_OVERHEAD_S = 30.0  # process start, model load, compilation, checkpoints, export
-EVAL_PROBLEM_S = {1: 1.3, 2: 2.0}  # per problem at n = 256 (scales with n)
-EVAL_OVERHEAD_S = 12.0
-CALIBRATE_S = 30.0
+# Seconds per job on this project's 2-core CPU, per --jobs value (1 = one job using both cores; 2 = two jobs,
+# one core each, as this pipeline runs them). Used only for the printed estimate. Only TRAIN_STEP_S[1] is
+# measured on the current testbed (configs/tiny.py: 0.8 s per step, seed 0, 200 steps); every other value is
+# an ESTIMATE (scaled from the previous testbed's <= 48-token measurements), to be replaced by the measured
+# wall time in the README after the first full run.
+TRAIN_STEP_S = {1: 0.8, 2: 1.4}  # per RL step of configs/tiny.py (8 x 8 rollouts, <= 96 tokens); [2] estimated
+TRAIN_OVERHEAD_S = 30.0  # process start, model load, compilation, checkpoints, export (estimate)
+EVAL_PROBLEM_S = {1: 2.0, 2: 3.0}  # per problem at n = 256, <= 96 tokens (scales with n); both estimated
+EVAL_OVERHEAD_S = 15.0  # (estimate)
+CALIBRATE_S = 60.0  # preparing the 50k + 500-problem data set once, then 64 x 16 samples (estimate)
 
 
 @dataclasses.dataclass
@@ -62,11 +66,12 @@ def _threshold(work: Path) -> float:
 def plan_study(b: M.Budget, work: Path, mode: str) -> tuple[dict, list[Task]]:
     """The methods x seeds grid and the jobs that produce it."""
     data_dir = str(work / "tfds")
-    eval_settings = {"n": b.eval_n, "temperature": 1.0, "top_p": 1.0, "max_tokens": 48, "seed": 0,
+    eval_settings = {"n": b.eval_n, "temperature": 1.0, "top_p": 1.0, "max_tokens": M.MAX_NEW_TOKENS, "seed": 0,
                      "problems_per_batch": max(1, b.eval_batch // b.eval_n), "batch_size": b.eval_batch}
     tasks = [Task("calibrate", "calibrate", [], lambda: {
-        "model_path": TINY_BASE, "data_dir": data_dir, "template": "chat", "val_start": M.POOL,
-        "val_count": b.val_problems, "n": b.val_n, "max_new_tokens": 48, "temperature": 1.0, "seed": 0,
+        "model_path": TINY_BASE, "data_dir": data_dir, "template": "chat", "val_start": M.val_start(b),
+        "val_count": b.val_problems, "test_size": M.TEST_SIZE, "n": b.val_n, "max_new_tokens": M.MAX_NEW_TOKENS,
+        "temperature": 1.0, "seed": 0,
         "batch_size": 512, "quantile": M.CALIBRATION_QUANTILE, "rule": M.CALIBRATION_RULE,
         "result": str(work / "calibration.json")}, work / "calibration.json")]
     plan = {"mode": mode, "budget": dataclasses.asdict(b), "methods": {}, "curve_window": 1 if mode == "quick" else 5}
@@ -105,7 +110,7 @@ def plan_study(b: M.Budget, work: Path, mode: str) -> tuple[dict, list[Task]]:
 
 
 def estimate_s(tasks: list[Task], jobs: int) -> float:
-    """Wall-clock estimate: calibration, then the rest spread over the job slots (measured rates)."""
+    """Wall-clock estimate: calibration, then the rest spread over the job slots (the rates above)."""
     j = 2 if jobs >= 2 else 1
     rate = {"train": (TRAIN_OVERHEAD_S, TRAIN_STEP_S[j]), "eval": (EVAL_OVERHEAD_S, EVAL_PROBLEM_S[j])}
     total = sum(rate[t.stage][0] + t.est_units * rate[t.stage][1] for t in tasks if t.stage != "calibrate")
@@ -138,7 +143,10 @@ def _line(t: Task, spec: dict, dt: float) -> str:
             recs = next(iter(recs["benchmarks"].values()))["problems"].values()
             p1 = sum(r["num_correct"] / len(r["correct"]) for r in recs) / len(recs)
             pn = sum(r["num_correct"] > 0 for r in recs) / len(recs)
-            msg += f"  (pass@1 {p1:.3f}, pass@{spec['settings']['n']} {pn:.3f})"
+            labels = [s for r in recs for s in r.get("strategies", ())]
+            share = {x: sum(s == x for s in labels) / max(1, len(labels)) for x in ("rule", "terms")}
+            msg += (f"  (pass@1 {p1:.3f}, pass@{spec['settings']['n']} {pn:.3f}; share of samples: rule "
+                    f"{share['rule']:.3f}, terms {share['terms']:.3f})")
         elif t.stage == "calibrate":
             msg += f"  (branch threshold {_json(t.result)['threshold']:.3f} nats)"
     except Exception:  # a display line only
@@ -239,7 +247,6 @@ def main(argv=None) -> int:
     write_readme = a.write_readme if a.write_readme is not None else (not a.quick and out == DEFAULT_OUT)
     if write_readme and a.quick:
         raise SystemExit("error: --quick never rewrites the committed README")
-    work.mkdir(parents=True, exist_ok=True)
     plan, tasks = plan_study(b, work, "quick" if a.quick else "full")
     todo = [t for t in tasks if not t.result.exists()]
     n_train = sum(t.stage == "train" for t in tasks)
@@ -247,9 +254,11 @@ def main(argv=None) -> int:
           f"training runs x {b.steps} steps, {len(b.methods) - 1} x {len(b.seeds)} + 1 evaluations x "
           f"{b.eval_problems} problems x n = {b.eval_n}; {len(todo)} of {len(tasks)} jobs to run; "
           f"estimate {estimate_s(todo, a.jobs) / 60:.1f} min with --jobs {a.jobs} (full study from scratch: "
-          f"{estimate_s(tasks, a.jobs) / 60:.1f} min)", flush=True)
+          f"{estimate_s(tasks, a.jobs) / 60:.1f} min; an estimate from run.py's per-step and per-problem "
+          f"rates, see README \"Budget\")", flush=True)
     if a.dry_run:
         return 0
+    work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     failed, ran = run_tasks(tasks, work, a.jobs)
     if failed:

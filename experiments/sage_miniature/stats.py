@@ -1,5 +1,5 @@
-"""Statistics of the miniature study: seed aggregates, a bootstrap over problems x seeds, and the paper's
-claims decided by the confidence intervals of seed-mean differences.
+"""Statistics of the miniature study: seed aggregates, a bootstrap over problems x seeds, the paper's claims
+decided by the confidence intervals of seed-mean differences, and a power estimate for undecided ones.
 
 Dimension key: `S` seeds of one method, `P` held-out problems, `B` bootstrap resamples.
 
@@ -8,9 +8,19 @@ two-level bootstrap: each resample draws the problems with replacement (the same
 in a comparison, so differences are paired over problems) and, independently for each method, its
 seeds with replacement. With 3 seeds the seed level is coarse but honest: a difference carried by one
 lucky seed does not exclude 0.
+
+Power estimate (`required_counts`): for a comparison whose CI includes 0, how many held-out problems (at
+the current seeds) or seeds (at the current problems) would make the CI exclude 0 if the observed
+difference were the true one, with the CI half-width scaling as 1/sqrt(count). That scaling treats all of
+the CI's width as coming from the one count that changes; where most of the bootstrap variance is across
+seeds, more problems barely narrow the CI (and vice versa), so the two counts are not interchangeable.
+`seed_variance_share` (from one-level bootstraps) says which case applies, and the two-level projection
+(`two_level_counts`) keeps the other level's share of the variance fixed.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -36,28 +46,99 @@ def _rng(*parts) -> np.random.Generator:
     return np.random.default_rng(stable_seed(0, "sage_miniature", *parts))
 
 
+def _replicates(terms: list[tuple[float, np.ndarray, str]], tag: str, resamples: int,
+                resample: str) -> tuple[float, np.ndarray]:
+    """Estimate and bootstrap replicates [B] of `sum coef * value(method)`. `resample`: "both" (problems
+    and seeds), "problems" (seeds kept, each weighted 1/S) or "seeds" (problems kept)."""
+    P = terms[0][1].shape[1]
+    rng = _rng(tag) if resample == "both" else _rng(tag, resample)
+    if resample == "seeds":
+        w_BxP = np.ones((resamples, P))
+    else:
+        w_BxP = rng.multinomial(P, np.full(P, 1.0 / P), size=resamples).astype(np.float64)
+    seed_w = {}
+    for _, v, key in terms:
+        if key not in seed_w:
+            S = v.shape[0]
+            if resample == "problems":
+                seed_w[key] = np.full((resamples, S), 1.0 / S)
+            else:
+                seed_w[key] = rng.multinomial(S, np.full(S, 1.0 / S), size=resamples).astype(np.float64) / S
+    est, reps = 0.0, np.zeros(resamples)
+    for coef, v, key in terms:
+        est += coef * float(np.mean(v))
+        per_problem_BxP = seed_w[key] @ v  # seed-resampled mean per problem
+        reps += coef * np.sum(w_BxP * per_problem_BxP, axis=1) / P
+    return est, reps
+
+
 def combination_ci(terms: list[tuple[float, np.ndarray, str]], tag: str, resamples: int = RESAMPLES,
                    level: float = LEVEL) -> dict:
     """Estimate and bootstrap CI of `sum coef * value(method)`, value = mean_P mean_S V_SxP.
 
     `terms`: (coef, V_SxP, method key); terms of one method share its seed draws.
     """
-    P = terms[0][1].shape[1]
-    rng = _rng(tag)
-    w_BxP = rng.multinomial(P, np.full(P, 1.0 / P), size=resamples).astype(np.float64)
-    seed_w = {}
-    for _, v, key in terms:
-        if key not in seed_w:
-            S = v.shape[0]
-            seed_w[key] = rng.multinomial(S, np.full(S, 1.0 / S), size=resamples).astype(np.float64) / S
-    est, reps = 0.0, np.zeros(resamples)
-    for coef, v, key in terms:
-        est += coef * float(np.mean(v))
-        per_problem_BxP = seed_w[key] @ v  # seed-resampled mean per problem
-        reps += coef * np.sum(w_BxP * per_problem_BxP, axis=1) / P
+    est, reps = _replicates(terms, tag, resamples, "both")
     tail = 100 * (1 - level) / 2
     lo, hi = np.percentile(reps, [tail, 100 - tail])
     return {"estimate": est, "lo": float(lo), "hi": float(hi)}
+
+
+def seed_variance_share(terms: list[tuple[float, np.ndarray, str]], tag: str, resamples: int = RESAMPLES) -> float:
+    """Share of the bootstrap variance of the combination that comes from seeds: var_seeds / (var_seeds +
+    var_problems), each from a one-level bootstrap (0.0 with one seed per method, where seed variance is
+    not observable)."""
+    _, rp = _replicates(terms, tag, resamples, "problems")
+    _, rs = _replicates(terms, tag, resamples, "seeds")
+    vp, vs = float(np.var(rp)), float(np.var(rs))
+    return vs / (vp + vs) if vp + vs > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------------------ power
+def _above(x: float) -> int:
+    """The smallest count > x (the CI must exclude 0, not touch it); x within 1e-9 of an integer counts as it."""
+    return max(1, math.floor(x + 1e-9) + 1)
+
+
+def half_width_toward_zero(estimate: float, lo: float, hi: float) -> float:
+    """Distance from the estimate to the CI bound on zero's side (the CI excludes 0 when it is < |estimate|)."""
+    return estimate - lo if estimate >= 0 else hi - estimate
+
+
+def required_counts(estimate: float, lo: float, hi: float, problems: int, seeds: int) -> dict:
+    """Counts at which the CI would exclude 0 if `estimate` were the true difference, each count changed alone
+    and the half-width h scaling as 1/sqrt(count): the smallest count > count_now * (h / |estimate|)^2, where
+    the projected half-width falls below |estimate| (None when the estimate is 0: no count suffices)."""
+    h = half_width_toward_zero(estimate, lo, hi)
+    if estimate == 0:
+        return {"half_width": h, "problems_needed": None, "seeds_needed": None}
+    ratio = (h / abs(estimate)) ** 2
+    return {"half_width": h, "problems_needed": _above(problems * ratio), "seeds_needed": _above(seeds * ratio)}
+
+
+def two_level_counts(estimate: float, lo: float, hi: float, problems: int, seeds: int, seed_share: float) -> dict:
+    """As `required_counts`, but only the changed level's part of the variance shrinks: h^2 = h^2 (1 - f)
+    P0 / P + h^2 f S0 / S with f = `seed_share`. None where the other level's part alone keeps the CI
+    over 0 (h^2 f >= estimate^2 for problems; h^2 (1 - f) >= estimate^2 for seeds)."""
+    h2, d2 = half_width_toward_zero(estimate, lo, hi) ** 2, estimate ** 2
+    hp2, hs2 = h2 * (1.0 - seed_share), h2 * seed_share
+    return {"problems_needed": _above(problems * hp2 / (d2 - hs2)) if d2 > hs2 else None,
+            "seeds_needed": _above(seeds * hs2 / (d2 - hp2)) if d2 > hp2 and hs2 > 0 else None}
+
+
+def power_estimate(terms: list[tuple[float, np.ndarray, str]], ci: dict, tag: str, available: int) -> dict:
+    """The power estimate of one comparison whose CI includes 0 (see the module docstring)."""
+    problems = int(terms[0][1].shape[1])
+    seeds = max(int(v.shape[0]) for _, v, _ in terms)
+    simple = required_counts(ci["estimate"], ci["lo"], ci["hi"], problems, seeds)
+    f = seed_variance_share(terms, tag)
+    two = two_level_counts(ci["estimate"], ci["lo"], ci["hi"], problems, seeds, f)
+    need = simple["problems_needed"]
+    return {"problems_now": problems, "seeds_now": seeds, "problems_available": available, **simple,
+            "problems_within_available": need is not None and need <= available,
+            "seed_variance_share": f,
+            "two_level": {**two, "problems_within_available": two["problems_needed"] is not None
+                          and two["problems_needed"] <= available}}
 
 
 def method_curve(v_SxPxK: np.ndarray, tag: str) -> dict:
@@ -121,6 +202,22 @@ CLAIMS = [
           "terms": [(1, "dapo_branch", "pass@1"), (-1, "dapo", "pass@1")], "sign": 1, "counted": False},
          {"name": "DAPO + KL + branch - DAPO (no KL), pass@kmax",
           "terms": [(1, "dapo_branch", "kmax"), (-1, "dapo", "kmax")], "sign": 1, "counted": False}]},
+    {"id": "branch_keeps_exploration",
+     "claim": "GRPO narrows the rare correct procedure (share/terms and distinct_correct_strategies fall below "
+              "the base) while the SAGE branch guide keeps more of it than GRPO",
+     "comparisons": [
+         {"name": "GRPO - base, share/terms", "terms": [(1, "grpo", "share/terms"), (-1, "base", "share/terms")],
+          "sign": -1},
+         {"name": "GRPO - base, distinct_correct_strategies",
+          "terms": [(1, "grpo", "distinct_correct_strategies"), (-1, "base", "distinct_correct_strategies")],
+          "sign": -1},
+         {"name": "SAGE branch - GRPO, share/terms",
+          "terms": [(1, "sage_branch", "share/terms"), (-1, "grpo", "share/terms")], "sign": 1},
+         {"name": "SAGE branch - GRPO, distinct_correct_strategies",
+          "terms": [(1, "sage_branch", "distinct_correct_strategies"), (-1, "grpo", "distinct_correct_strategies")],
+          "sign": 1},
+         {"name": "GRPO - base, share/rule (the dominant correct procedure)",
+          "terms": [(1, "grpo", "share/rule"), (-1, "base", "share/rule")], "sign": 1, "counted": False}]},
     {"id": "branch_beats_token_random",
      "claim": "The branch guide beats the token and random guides",
      "comparisons": [
@@ -136,13 +233,20 @@ def _outcome(ci: dict, sign: int) -> str:
     return "supports" if ci["hi"] < 0 else ("contradicts" if ci["lo"] > 0 else "neither")
 
 
-def decide_claims(per_problem: dict, kmax: int) -> list[dict]:
-    """Verdicts of CLAIMS. `per_problem[method][metric]` is V_SxP (seeds x problems).
+def claim_metrics() -> set[str]:
+    """Every metric a claim reads ("kmax" stands for pass@<largest k>)."""
+    return {k for c in CLAIMS for comp in c["comparisons"] for _, _, k in comp["terms"]}
+
+
+def decide_claims(per_problem: dict, kmax: int, available: int) -> list[dict]:
+    """Verdicts of CLAIMS. `per_problem[method][metric]` is V_SxP (seeds x problems); `available`: held-out
+    problems there are (the cap of the power estimate).
 
     A comparison supports the claim when its CI excludes 0 on the predicted side and contradicts it when
     its CI excludes 0 on the other side. Verdict: "reproduced" when every counted comparison supports it,
     "not reproduced" when any contradicts it, else "inconclusive" (some CI includes 0); "not evaluated"
-    when a method it needs was not run (quick mode).
+    when a method it needs was not run (quick mode). Every comparison whose CI includes 0 ("neither") gets
+    a `power` entry (`power_estimate`).
     """
     out = []
     for claim in CLAIMS:
@@ -155,9 +259,11 @@ def decide_claims(per_problem: dict, kmax: int) -> list[dict]:
             if any(m not in per_problem for _, m, _ in terms):
                 row["outcome"] = "not evaluated"
             else:
-                ci = combination_ci([(float(c), np.asarray(per_problem[m][k]), m) for c, m, k in terms],
-                                    f"{claim['id']}:{name}")
+                arrays = [(float(c), np.asarray(per_problem[m][k]), m) for c, m, k in terms]
+                ci = combination_ci(arrays, f"{claim['id']}:{name}")
                 row.update(ci, outcome=_outcome(ci, comp["sign"]))
+                if row["outcome"] == "neither":
+                    row["power"] = power_estimate(arrays, ci, f"{claim['id']}:{name}:power", available)
             rows.append(row)
         counted = [r["outcome"] for r in rows if r["counted"]]
         if "not evaluated" in counted:

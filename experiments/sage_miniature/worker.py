@@ -3,12 +3,13 @@
 Stages (the driver `run.py` writes SPEC.json and starts one process per job, so each job's memory is
 freed when it ends and a crash stays in its own log):
 
-- `calibrate`: samples the tiny base on validation problems (training split, outside the RL pool) and
+- `calibrate`: samples the tiny base on validation problems (the last ones of the training split) and
   writes the per-token entropy distribution and the branch threshold chosen by the stated rule.
 - `train`: one RL run, `sage_jax.train.run(configs/tiny.py + overrides, workdir)` (resumes from its
   checkpoints when rerun).
 - `eval`: n samples per held-out problem from one policy via `sage_jax.evaluate.evaluate_models`
-  (resumable per batch), raw per-sample results in `workdir/eval/results.json`.
+  (resumable per batch) with `strategy_fn=strategies.strategy_of`, so every sample's procedure is stored;
+  raw per-sample results in `workdir/eval/results.json`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny.py")
 BENCH = "procedural_arithmetic:test"
+BUILDER_CONFIG = "strategies"  # configs/tiny.py's data.builder_config (builders.STRATEGIES_TASK)
 
 
 def tiny_config():
@@ -53,14 +55,19 @@ def apply_overrides(c, overrides: dict):
     return c
 
 
-def load_problems(data_dir: str, split: str, start: int, count: int, template: str, tokenizer):
-    """(id, prompt, answer) of records [start, start + count) of `split` of the procedural task."""
+def load_problems(data_dir: str, split: str, start: int, count: int, template: str, tokenizer,
+                  end_of_split: bool = False):
+    """(id, prompt, answer) of records [start, start + count) of `split` of the procedural `strategies` task;
+    with `end_of_split`, the range must end where the split ends."""
     from sage_jax.data import builders
     from sage_jax.data.sources import decode_record
     from sage_jax.data.templates import format_prompt
-    src = builders.load_split("procedural_arithmetic", split, data_dir=data_dir, config="default")
+    src = builders.load_split("procedural_arithmetic", split, data_dir=data_dir, config=BUILDER_CONFIG)
     if start + count > len(src):
         raise ValueError(f"{split} has {len(src)} problems, asked for [{start}, {start + count})")
+    if end_of_split and start + count != len(src):
+        raise ValueError(f"{split} has {len(src)} problems; [{start}, {start + count}) is not its end "
+                         "(methods.TRAIN_SIZE or TEST_SIZE is out of date)")
     out = []
     for i in range(start, start + count):
         r = decode_record(src[i])
@@ -84,9 +91,18 @@ def calibrate(spec: dict) -> dict:
     from sage_jax.sampling import SamplingConfig, left_pad, make_generate_fn
     from flax import nnx
 
+    c = tiny_config()  # the study's constants must match what every run trains and is evaluated with
+    if (c.data.builder_config, c.rollout.max_new_tokens, c.rollout.temperature) != (
+            BUILDER_CONFIG, spec["max_new_tokens"], spec["temperature"]):
+        raise ValueError(f"configs/tiny.py has data.builder_config={c.data.builder_config!r}, rollout.max_new_tokens="
+                         f"{c.rollout.max_new_tokens}, rollout.temperature={c.rollout.temperature}; the study "
+                         f"calibrates with {BUILDER_CONFIG!r}, {spec['max_new_tokens']}, {spec['temperature']} "
+                         "(update worker.BUILDER_CONFIG / methods.MAX_NEW_TOKENS)")
     tok = hf.load_tokenizer(spec["model_path"])
-    probs = load_problems(spec["data_dir"], "train", spec["val_start"], spec["val_count"], spec["template"], tok)
-    load_problems(spec["data_dir"], "test", 0, 1, spec["template"], tok)  # prepares both splits once
+    probs = load_problems(spec["data_dir"], "train", spec["val_start"], spec["val_count"], spec["template"], tok,
+                          end_of_split=True)
+    # prepares both splits once, and checks the test split's size (methods.TEST_SIZE, the power estimate's cap)
+    load_problems(spec["data_dir"], "test", spec["test_size"] - 1, 1, spec["template"], tok, end_of_split=True)
     model, _ = hf.load(spec["model_path"])
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     cfg = SamplingConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"],
@@ -140,6 +156,7 @@ def train(spec: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ eval
 def evaluate(spec: dict) -> dict:
+    from sage_jax.data.strategies import strategy_of
     from sage_jax.evaluate import EvalSettings, Problem, evaluate_models
     from sage_jax.models import hf
     from sage_jax.rewards import make_reward_fn
@@ -163,7 +180,7 @@ def evaluate(spec: dict) -> dict:
     t0 = time.time()
     evaluate_models({spec["name"]: factory}, {BENCH: probs}, make_reward_fn(spec["reward"]), settings,
                     spec["workdir"], sources={spec["name"]: path}, progress=spec.get("progress", False),
-                    write_report=False)
+                    write_report=False, strategy_fn=strategy_of)
     return {"wall_s": time.time() - t0, "problem_ids": [p.id for p in probs]}
 
 

@@ -38,6 +38,10 @@ class ManualFileMissingError(FileNotFoundError):
     """A dataset file is neither in the manual directory nor reachable on the hub."""
 
 
+class DataConfigError(ValueError):
+    """A dataset, split or builder config that does not exist."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceSpec:
     """One public release: its hub location, file names and field names."""
@@ -295,7 +299,9 @@ def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dic
     seen_content: set[tuple[str, str]] = set()
     seen_ids: set[str] = set()
     for path in files:
+        rows = 0
         for rec in records_from_file(spec, path):
+            rows += 1
             content = (rec["problem"], rec["answer"])
             if content in seen_content:
                 continue
@@ -304,6 +310,8 @@ def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dic
                 rec["id"] = f"{rec['id']}#{len(seen_ids)}"
             seen_ids.add(rec["id"])
             yield rec["id"], rec
+        if rows == 0:
+            raise DataFormatError(f"{path}: no rows (an empty {spec.name} file)")
 
 
 def decode_record(rec: Mapping[str, Any]) -> dict:

@@ -4,7 +4,9 @@
 - `sage`: the chat template with the reference system prompt (`SAGE_SYSTEM_PROMPT`).
 - `r1`: an R1-Zero-style plain-text conversation that opens a `<think>` block for the model.
 - `plain`: `Q: {problem} A: ` (printable ASCII only, for the tiny character-level model).
-- any string containing `{problem}`: used as a format string.
+- `chat:<text with {problem}>`: the chat template, the user message being that text (e.g. an instruction
+  after the problem, as DeepSeek-R1's card advises, with the model's own turn tokens and BOS).
+- any other string containing `{problem}`: used as a plain format string (no chat template).
 
 Without a tokenizer (or one without a chat template), `chat` / `sage` fall back to plain text
 (`{system}\\n\\n{problem}\\n`), so the same config runs with character-level models.
@@ -47,6 +49,8 @@ def format_prompt(
     """The prompt text for one problem under `template` (see the module docstring)."""
     if template == "chat":
         return _chat(problem, tokenizer, system_prompt)
+    if template.startswith("chat:"):
+        return _chat(template[len("chat:"):].replace("{problem}", problem), tokenizer, system_prompt)
     if template == "sage":
         return _chat(problem, tokenizer, system_prompt or SAGE_SYSTEM_PROMPT)
     if template == "r1":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 from typing import Callable
@@ -25,6 +26,8 @@ from sage_jax.models import safetensors_io as st
 from sage_jax.models.config import ConfigError, ModelConfig
 from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import Decoder
+
+log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -144,7 +147,10 @@ def abstract_model(cfg: ModelConfig, dtype=jnp.float32, param_dtype=None) -> tup
 
 def load(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None, param_dtype=None,
          rules=None) -> tuple[Decoder, ModelConfig]:
-    """Loads an HF checkpoint directory (or hub id when online) into a sharded NNX Decoder."""
+    """Loads an HF checkpoint directory (or hub id when online) into a sharded NNX Decoder.
+
+    `mesh`: axes (data, fsdp, tensor); one built by `jax.make_mesh` with its default (Explicit) axis types
+    is used as the same devices with Auto axes (`sharding.as_auto`)."""
     path = _resolve(path)
     cfg, _ = ModelConfig.from_hf_dir(path)
     graphdef, state = abstract_model(cfg, dtype, param_dtype)
@@ -154,6 +160,10 @@ def load(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None, pa
     _check_names(path, table, tensors, cfg.tie_word_embeddings)
     if mesh is None:
         mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), shd.MESH_AXES)
+    try:
+        mesh = shd.as_auto(mesh)  # a jax.make_mesh mesh (Explicit axes by default) works as its Auto twin
+    except ValueError as e:
+        raise ConfigError(f"hf.load(mesh=...): {e}") from None
     for e in table:
         f = tensors[e.hf_name]
         if f.shape(e.hf_name) != e.hf_shape:
@@ -232,7 +242,43 @@ def save(model: Decoder, config: ModelConfig, out_dir: str, tokenizer=None, dtyp
                 shutil.copy(src, out_dir)
     elif tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+    if tokenizer is not None and os.path.isfile(os.path.join(out_dir, "tokenizer.json")):
+        check_auto_tokenizer(out_dir)
     return out_dir
+
+
+AUTO_PROBE = "Compute 3 + 4*2.\n\tThen  say: \\boxed{11} (ok)!"
+
+
+def auto_tokenizer_mismatch(path: str, text: str = AUTO_PROBE) -> str | None:
+    """None when `transformers.AutoTokenizer` gives the ids this project's `load_tokenizer` gives on `text`
+    (and on the chat template around it); otherwise a one-line description of the difference."""
+    from transformers import AutoTokenizer
+    ours = load_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(path)
+    texts = [text]
+    if getattr(ours, "chat_template", None):
+        texts.append(ours.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True))
+    for t in texts:
+        a, b = ours(t, add_special_tokens=False)["input_ids"], theirs(t, add_special_tokens=False)["input_ids"]
+        if a != b:
+            return (f"AutoTokenizer reads {path} as {type(theirs).__name__}, whose ids differ from tokenizer.json's "
+                    f"({len(b)} vs {len(a)} tokens on {t[:40]!r}); load it with "
+                    f"PreTrainedTokenizerFast.from_pretrained")
+    return None
+
+
+def check_auto_tokenizer(path: str) -> None:
+    """Warns (one line) when outside tools that load `path` with `AutoTokenizer` (TRL, vLLM, lm-eval,
+    `pipeline()`) would get other ids than the tokenizer.json holds: transformers maps some model types
+    (qwen2 among them) to their own tokenizer class whatever `tokenizer_class` says."""
+    try:
+        msg = auto_tokenizer_mismatch(path)
+    except Exception as e:  # noqa: BLE001  (a check, never a reason to fail an export)
+        msg = f"AutoTokenizer cannot load {path} ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    if msg:
+        log.warning(msg)
 
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -265,6 +311,10 @@ def load_tokenizer(path: str):
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     path = _resolve(path)
+    vocab_files = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in vocab_files):
+        raise ConfigError(f"{path}: no tokenizer ({', '.join(vocab_files[:3])}, ... missing); copy the base "
+                          "model's tokenizer files into it")
     cls = None
     cfg_file = os.path.join(path, "tokenizer_config.json")
     if os.path.isfile(cfg_file):

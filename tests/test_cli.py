@@ -1,0 +1,67 @@
+"""Bad input through the CLI: one `error:` line naming the field, file or row, exit 2, no traceback, and
+nothing started (probe list of the newcomer issue)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sage_jax.config_lib import TINY_BASE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(workdir, *flags, config="configs/tiny.py"):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    p = subprocess.run([sys.executable, "-m", "sage_jax.main", f"--config={config}", f"--workdir={workdir}",
+                        "--config.logging.progress=False", "--config.logging.tensorboard=False", *flags],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+    assert len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    return err[0]
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--config.rl.betaa=0.1"], ["config.rl", "'betaa'", "config.rl.beta?"]),
+    (["--config.eval.models.base=/tmp"], ["eval.models.base", "--config.eval.model_list"]),
+    (["--config.rl.beta=abc"], ["--config.rl.beta=abc"]),
+    (["--config.eval.n=0"], ["eval.n=0"]),
+    (["--config.eval.temperature=-0.5"], ["eval.temperature"]),
+    (["--config.data.name=gsm8k"], ["data.name", "gsm8k"]),
+    (["--config.data.builder_config=huge"], ["no builder config 'huge'"]),
+    (["--config.data.train_split=validation"], ["no split 'validation'"]),
+])
+def test_bad_flags_and_values(tmp_path, flags, words):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", *flags)
+    assert all(w in line for w in words), line
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_missing_config_file(tmp_path):
+    assert "no such config file" in _cli(str(tmp_path / "w"), config="configs/nope.py")
+
+
+def test_workdir_that_is_a_file_or_not_writable(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "is a file" in _cli(str(f))
+    assert "cannot write there" in _cli("/proc/sage_jax_workdir")  # not writable, even for root
+
+
+def test_model_dir_without_tokenizer(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(TINY_BASE, model)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        os.remove(model / f)
+    line = _cli(str(tmp_path / "w"), f"--config.model.path={model}")
+    assert str(model) in line and "tokenizer" in line
+
+
+def test_a_prompt_too_long_is_found_before_the_first_step(tmp_path):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.max_prompt_tokens=36")
+    assert "data.max_prompt_tokens=36" in line and "row" in line and "procedural_arithmetic:train" in line
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")

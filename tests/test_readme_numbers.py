@@ -1,0 +1,58 @@
+"""The README's measured numbers are generated: each block equals what its script renders from the committed
+results file, and configs/tiny.py's "Expected" line quotes the same file."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from readme_blocks import read_block  # noqa: E402
+
+
+def _module(path):
+    spec = importlib.util.spec_from_file_location(os.path.basename(os.path.dirname(path)), path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("block,script", [("demo", "experiments/demo/run.py"),
+                                          ("learning_parity", "experiments/learning_parity/run.py")])
+def test_readme_block_is_its_results_file(block, script):
+    mod = _module(os.path.join(ROOT, script))
+    results = json.loads(open(os.path.join(os.path.dirname(os.path.join(ROOT, script)), "results.json")).read())
+    assert read_block(os.path.join(ROOT, "README.md"), block).strip() == mod.render(results).strip()
+
+
+def test_tiny_config_expected_line_is_the_demo_results():
+    mod = _module(os.path.join(ROOT, "experiments/demo/run.py"))
+    results = json.loads(open(os.path.join(ROOT, "experiments/demo/results.json")).read())
+    src = open(os.path.join(ROOT, "configs", "tiny.py")).read()
+    assert mod.expected_line(results) in " ".join(src.split()), mod.expected_line(results)
+
+
+def test_demo_results_are_self_consistent():
+    """The gains in the file are after - before of the same file (paired means), per seed."""
+    results = json.loads(open(os.path.join(ROOT, "experiments/demo/results.json")).read())
+    for seed, r in results["seeds"].items():
+        for k, g in r["gain"].items():
+            assert abs(g["mean"] - (r["after"][k]["mean"] - r["before"][k]["mean"])) < 1e-9, (seed, k)
+            assert g["lo"] <= g["mean"] <= g["hi"]
+
+
+def test_readme_bench_table_is_its_results_files():
+    here = os.path.join(ROOT, "experiments", "bench")
+    sys.path.insert(0, here)
+    mod = _module(os.path.join(here, "report.py"))
+    assert read_block(os.path.join(ROOT, "README.md"), "bench").strip() == mod.readme_table(here).strip()
+    # each CPU results file's ratio is its own step times' ratio (no typed number in between)
+    for f in ("results_quick.json", "results_small.json", "results.json"):
+        res = json.load(open(os.path.join(here, f)))
+        for shape, r in res.items():
+            if isinstance(r, dict) and "speedup" in r:
+                assert abs(r["speedup"] - r["trl_step_s"] / r["ours_step_s"]) < 1e-9, (f, shape)
