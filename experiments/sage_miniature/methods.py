@@ -79,6 +79,11 @@ class Budget:
 # Full mode: the 200 steps of configs/tiny.py, 128 held-out problems (README "Budget" for the estimate).
 FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=200, checkpoint_every=100,
               log_every=5, eval_problems=128, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
+# Core mode: the methods every counted claim comparison reads (stats.CLAIMS), 2 seeds, n = 128; the
+# uncounted BNPO/DAPO + branch rows and the token / random guides are left out. About an hour on 2 cores.
+CORE = Budget(methods=("base", "grpo", "bnpo", "dapo", "forward_kl", "sage_branch"), seeds=(0, 1), steps=200,
+              checkpoint_every=100, log_every=5, eval_problems=128, eval_n=128, eval_batch=512, val_problems=64,
+              val_n=16)
 # Quick mode: the whole pipeline, strategy metrics included, in a few minutes (tests/test_sage_miniature.py).
 QUICK = Budget(methods=("base", "grpo", "sage_branch"), seeds=(0,), steps=4, checkpoint_every=2,
                log_every=1, eval_problems=8, eval_n=8, eval_batch=64, val_problems=8, val_n=4)

@@ -2,6 +2,7 @@
 
     python experiments/sage_miniature/run.py                 # the full study (estimate: --dry-run prints it)
     python experiments/sage_miniature/run.py --dry-run       # the plan and the time estimate, nothing run
+    python experiments/sage_miniature/run.py --core          # the counted claims only, 2 seeds (about an hour)
     python experiments/sage_miniature/run.py --quick --out /tmp/sage_mini_quick   # the pipeline, a few minutes
 
 Stages, each job in its own process (`worker.py`), at most `--jobs` at a time (each pinned to one core):
@@ -236,18 +237,23 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (results.json, results.md, PNGs)")
     p.add_argument("--work", default=None, help="runs, checkpoints, raw eval samples (default OUT/work)")
     p.add_argument("--quick", action="store_true", help="2 methods + base, 1 seed, 4 steps, n = 8, 8 problems")
+    p.add_argument("--core", action="store_true", help="the counted claims' 5 methods + base, 2 seeds, "
+                   "200 steps, 128 problems x n = 128 (about an hour)")
     p.add_argument("--jobs", type=int, default=2, help="jobs at a time (each pinned to one core when > 1)")
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
                    help="rewrite README.md's results block (default: on for a full run into the default --out)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate, run nothing")
     a = p.parse_args(argv)
-    b = M.QUICK if a.quick else M.FULL
+    if a.quick and a.core:
+        raise SystemExit("error: --quick and --core are two budgets; choose one")
+    mode = "quick" if a.quick else "core" if a.core else "full"
+    b = {"quick": M.QUICK, "core": M.CORE, "full": M.FULL}[mode]
     out = Path(a.out).resolve()
     work = Path(a.work).resolve() if a.work else out / "work"
-    write_readme = a.write_readme if a.write_readme is not None else (not a.quick and out == DEFAULT_OUT)
+    write_readme = a.write_readme if a.write_readme is not None else (mode != "quick" and out == DEFAULT_OUT)
     if write_readme and a.quick:
         raise SystemExit("error: --quick never rewrites the committed README")
-    plan, tasks = plan_study(b, work, "quick" if a.quick else "full")
+    plan, tasks = plan_study(b, work, mode)
     todo = [t for t in tasks if not t.result.exists()]
     n_train = sum(t.stage == "train" for t in tasks)
     print(f"sage_miniature ({plan['mode']}): {len(b.methods)} methods, {len(b.seeds)} seed(s), {n_train} "
