@@ -45,6 +45,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.lora.alpha = 16.0  # scale = alpha / rank
     c.model.lora.dropout = 0.0  # adapter-input dropout probability, training forward only
     c.model.lora.targets = "q,k,v,o,gate,up,down"  # comma-separated projections
+    c.model.lora.param_dtype = ""  # storage dtype of the adapters; "" = model.param_dtype (PEFT: float32)
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "procedural_arithmetic"  # a sage_jax.data.builders name
@@ -68,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = 0
     c.rollout.min_p = 0.0
+    c.rollout.stop_strings = ()  # text that ends a completion (kept), e.g. ("</SOLUTION>",); also in evaluation
     c.rollout.decode_segments = 4  # speed only: decode loops over a growing cache (sampling.SamplingConfig)
 
     c.rl = ml_collections.ConfigDict()
@@ -79,6 +81,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.eps_low = 0.2
     c.rl.eps_high = 0.2
     c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
+    c.rl.tis_cap = ml_collections.config_dict.placeholder(float)  # sampler importance weight cap (TRL: 2.0); None = off
     c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.num_iterations = 1
@@ -146,6 +149,12 @@ def model_dtypes(c):
     return _dtype(c.model.dtype, "model.dtype"), _dtype(c.model.param_dtype, "model.param_dtype")
 
 
+def lora_param_dtype(c):
+    """The adapters' storage dtype: model.lora.param_dtype, else model.param_dtype."""
+    name = c.model.get("lora", {}).get("param_dtype", "") or c.model.param_dtype
+    return _dtype(name, "model.lora.param_dtype")
+
+
 def lora_config(c):
     """The LoRAConfig of `model.lora`, or None when `model.lora.rank == 0` (full fine-tuning)."""
     from sage_jax.models.lora import LoRAConfig
@@ -172,11 +181,30 @@ def guide_config(c):
         raise ConfigValidationError(f"sage.{name}: {e}") from None
 
 
-def sampling_config(c, eos_ids, pad_id) -> SamplingConfig:
+def _stop_string_list(c) -> tuple[str, ...]:
+    strings = c.rollout.get("stop_strings", ()) or ()
+    strings = (strings,) if isinstance(strings, str) else tuple(strings)
+    if any(not isinstance(s, str) or not s for s in strings):
+        raise ConfigValidationError(f"rollout.stop_strings={strings!r}: each must be a non-empty string")
+    return strings
+
+
+def stop_strings(c, tokenizer, vocab_size: int):
+    """rollout.stop_strings compiled for `tokenizer` (sage_jax.stop_strings), or None when there are none."""
+    strings = _stop_string_list(c)
+    if not strings:
+        return None
+    from sage_jax.stop_strings import StopStrings
+    return StopStrings.for_tokenizer(strings, tokenizer, vocab_size)
+
+
+def sampling_config(c, eos_ids, pad_id, stop=None, validating=False) -> SamplingConfig:
     r = c.rollout
+    if _stop_string_list(c) and stop is None and not validating:
+        raise ConfigValidationError("rollout.stop_strings is set but no tokenizer compiled it (config_lib.stop_strings)")
     try:
         return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id,
+                              top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id, stop=stop,
                               decode_segments=r.get("decode_segments", 4))
     except ValueError as e:
         raise ConfigValidationError(f"rollout: {e}") from None
@@ -187,13 +215,13 @@ def loss_config(c) -> losses.LossConfig:
     try:
         return losses.LossConfig(loss_type=r.loss_type, beta=r.beta, estimator=r.estimator, kl_mode=r.kl_mode,
                                  eps_low=r.eps_low, eps_high=r.eps_high, delta=r.delta,
-                                 importance_sampling_level=r.importance_sampling_level,
+                                 importance_sampling_level=r.importance_sampling_level, tis_cap=r.get("tis_cap"),
                                  max_completion_length=c.rollout.max_new_tokens)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 
 
-def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
+def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
     if c.rl.beta == 0 and c.sage.guide != "none":
         raise ConfigValidationError(
             f"sage.guide={c.sage.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does not exist "
@@ -207,7 +235,7 @@ def rl_config(c, eos_ids=(), pad_id=0) -> RLConfig:
     if c.rl.scale_rewards not in ("group", "batch", "none"):
         raise ConfigValidationError(f"rl.scale_rewards={c.rl.scale_rewards!r} is not one of group, batch, none")
     try:
-        return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c, eos_ids, pad_id),
+        return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c, eos_ids, pad_id, stop, validating),
                         loss=loss_config(c), guide=c.sage.guide, guide_cfg=guide_config(c),
                         scale_rewards=c.rl.scale_rewards, num_iterations=c.rl.num_iterations,
                         num_minibatches=c.rl.num_minibatches,
@@ -273,6 +301,7 @@ def validate(c, num_devices: int | None = None) -> None:
         raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
     lora_config(c)
+    lora_param_dtype(c)
     if c.data.batch_size < 1:
         raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")
     from sage_jax.data.builders import BUILDERS
@@ -283,7 +312,7 @@ def validate(c, num_devices: int | None = None) -> None:
             raise ConfigValidationError(f"{field}: unknown dataset {name!r}; known: {sorted(BUILDERS)}")
     validate_eval(c)
     if c.mode == "rl":
-        rl_config(c)
+        rl_config(c, validating=True)
     optim_config(c)
     shape = tuple(c.mesh.shape)
     if len(shape) != 3 or shape.count(-1) > 1:

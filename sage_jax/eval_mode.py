@@ -46,7 +46,7 @@ def load_policy(path: str, dtype=None, mesh=None, param_dtype=None):
                        param_dtype=config_lib.model_dtypes(rc)[1])
     lora_cfg = config_lib.lora_config(rc)
     if lora_cfg is not None:  # the checkpoint holds the adapters; the base is the run's model.path
-        lora_lib.add_lora(model, lora_cfg, param_dtype=config_lib.model_dtypes(rc)[1])
+        lora_lib.add_lora(model, lora_cfg, param_dtype=config_lib.lora_param_dtype(rc))
     graphdef, params, frozen = lora_lib.split_trainable(model)
     tx, _ = optim.make_optimizer(config_lib.optim_config(rc))
     template = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
@@ -118,7 +118,8 @@ def run(c, workdir: str) -> dict:
             mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(tp))
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 eos_ids=_stop_ids(tok, mcfg), pad_id=int(pad), **dict(s.sampler))
+                                 eos_ids=_stop_ids(tok, mcfg), pad_id=int(pad),
+                                 stop=config_lib.stop_strings(c, tok, mcfg.vocab_size), **dict(s.sampler))
             return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build
 

@@ -63,6 +63,9 @@ class LossConfig:
     delta: float | None = None  # cap on the unclipped ratio (two-sided clip); >= 1 + eps_high
     importance_sampling_level: str = "token"  # token | sequence (GSPO geometric mean)
     max_completion_length: int | None = None  # T_max of dr_grpo, tokens; None -> the T axis
+    # Truncated importance sampling against the sampler (TRL's vllm_importance_sampling_correction, token
+    # level): the policy-gradient term of each token is weighted by min(exp(old - sampler), tis_cap). None = off.
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         def choice(field: str, choices: tuple) -> None:
@@ -85,6 +88,8 @@ class LossConfig:
                 f"LossConfig.delta={self.delta} must be >= 1 + eps_high={1 + self.eps_high} "
                 "(a cap inside the clip range would defeat the PPO clip)"
             )
+        if self.tis_cap is not None and not self.tis_cap > 0:
+            raise ValueError(f"LossConfig.tis_cap must be > 0 (or None = off), got {self.tis_cap}")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(
                 f"LossConfig.max_completion_length must be >= 1, got {self.max_completion_length}"
@@ -190,12 +195,18 @@ def policy_loss(
     cfg: LossConfig = LossConfig(),
     num_batch_tokens: Array | int | None = None,
     forward_kl_BxT: Array | None = None,
+    sampler_logp_BxT: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """SAGE / GRPO-family loss ``aggregate(pg + beta kl)`` and its metrics.
 
     ``old_logp_BxT=None``: on-policy (old = stop_gradient(logp), ratio 1 with the right
     gradient). ``ref_logp_BxT`` / ``log_q_BxT`` are unused when ``beta == 0`` (pass None);
     ``log_q_BxT=None`` means q = 1. ``forward_kl_BxT`` is required by ``kl_mode="forward"``.
+    ``sampler_logp_BxT`` (required by ``tis_cap``): the sampler's log-prob of each token before top-k /
+    top-p / min-p (temperature-scaled, what the trainer's forward computes; vLLM's raw log-probs at
+    temperature 1), so the weight min(exp(old - sampler), cap) measures sampler/trainer numerics only and
+    never the filters' kept mass. TRL 0.23 multiplies the clipped policy-gradient term by it, then adds
+    beta kl unweighted; so does this.
 
     Metrics (means over the micro-batch's completion tokens): ``loss``, ``pg_loss``,
     ``kl_loss`` (= aggregated beta kl, so loss = pg_loss + kl_loss), ``kl``, ``ratio_mean``,
@@ -224,10 +235,18 @@ def policy_loss(
     ratio_clipped = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     ratio_unclipped = ratio if cfg.delta is None else jnp.minimum(ratio, cfg.delta)
     pg = -jnp.minimum(ratio_unclipped * adv_Bx1, ratio_clipped * adv_Bx1)
+    metrics: dict[str, Array] = {}
+    if cfg.tis_cap is not None:
+        if sampler_logp_BxT is None:
+            raise ValueError(f"LossConfig.tis_cap={cfg.tis_cap} needs sampler_logp_BxT (got None)")
+        sampler = jax.lax.stop_gradient(jnp.where(m, sampler_logp_BxT.astype(dtype), zero))
+        w_raw = jnp.exp(old - sampler)
+        pg = pg * jnp.minimum(w_raw, cfg.tis_cap)
+        metrics["tis_weight_mean"] = _masked_mean(jnp.minimum(w_raw, cfg.tis_cap), mf)
+        metrics["tis_capped"] = _masked_mean((w_raw > cfg.tis_cap).astype(dtype), mf)
 
     agg = lambda x: aggregate(x, m, cfg.loss_type, num_batch_tokens, cfg.max_completion_length)
     pg_loss = agg(pg)
-    metrics: dict[str, Array] = {}
 
     if cfg.beta > 0:
         if cfg.kl_mode == "reverse":

@@ -33,10 +33,11 @@ def math_verify_reward_with_stats(
     answers: Sequence[Any],
     timeout_s: float = DEFAULT_TIMEOUT_S,
     pool: VerifierPool | None = None,
+    mode: str = "boxed",
 ) -> tuple[np.ndarray, RewardStats]:
-    """`math_verify_reward` plus the call's counts (timeouts, errors, ...)."""
+    """`math_verify_reward` plus the call's counts (timeouts, errors, ...); `mode` as VerifierPool.verify."""
     try:
-        return (pool or default_pool()).verify(completions, answers, timeout_s=timeout_s)
+        return (pool or default_pool()).verify(completions, answers, timeout_s=timeout_s, mode=mode)
     except Exception as e:  # noqa: BLE001  (e.g. mismatched lengths: still never raise)
         logger.error("math_verify_reward failed, scoring the batch 0: %s: %s", type(e).__name__, e)
         n = len(as_batch(completions))
@@ -55,6 +56,17 @@ def math_verify_reward(
     array of shape `[len(completions)]`; never raises, never hangs (hard per-sample timeout).
     """
     return math_verify_reward_with_stats(completions, answers, timeout_s, pool)[0]
+
+
+def math_verify_text_reward(
+    completions: Sequence[Any],
+    answers: Sequence[Any],
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    pool: VerifierPool | None = None,
+) -> np.ndarray:
+    """The official SAGE reward: `verify(parse(gold), parse(completion))` on the whole text, 0 on any
+    exception or timeout (configs/sage_official.py)."""
+    return math_verify_reward_with_stats(completions, answers, timeout_s, pool, mode="text")[0]
 
 
 
@@ -124,10 +136,13 @@ def exact_match_reward(completions: Sequence[Any], answers: Sequence[Any]) -> np
 
 # ----------------------------------------------------------------------------- registry
 
+VERIFIER_MODES = {"math_verify": "boxed", "math_verify_text": "text"}  # rewards the verifier pool computes
+
 RewardFn = Callable[..., np.ndarray]  # (completions, answers) -> float32 [N]
 
 REWARD_FNS: dict[str, RewardFn] = {
     "math_verify": math_verify_reward,
+    "math_verify_text": math_verify_text_reward,
     "format": format_reward,
     "think_format": lambda c, a=None: format_reward(c, a, wrapper="think"),
     "exact_match": exact_match_reward,
@@ -170,8 +185,8 @@ def compute_rewards(
     parts: dict[str, np.ndarray] = {}
     stats = RewardStats(n=len(completions))
     for name, w in weights.items():
-        if name == "math_verify":
-            r, stats = math_verify_reward_with_stats(completions, answers, timeout_s, pool)
+        if name in VERIFIER_MODES:
+            r, stats = math_verify_reward_with_stats(completions, answers, timeout_s, pool, VERIFIER_MODES[name])
         else:
             r = np.asarray(REWARD_FNS[name](completions, answers), np.float32)
         parts[name] = r
@@ -207,7 +222,7 @@ class SpecReward:
     def with_failures(self, completions, answers) -> tuple[np.ndarray, np.ndarray]:
         total, _, stats = compute_rewards(completions, answers, self.weights, self.timeout_s)
         codes = np.zeros(len(total), np.int32)
-        if "math_verify" in self.weights and len(stats.statuses) == len(total):
+        if set(VERIFIER_MODES) & set(self.weights) and len(stats.statuses) == len(total):
             codes[:] = [failure_code(s) for s in stats.statuses]
         return total, codes
 

@@ -5,7 +5,7 @@ V vocab.
 
 One prefill pass writes each prompt into an N-row cache (positions from the attention mask), read once
 per group of rows at every step. `lax.while_loop`s then decode one token per iteration until every row
-has emitted an EOS / stop id or T tokens exist. The completion's cache is split into
+has emitted an EOS / stop id, completed a stop string, or T tokens exist. The completion's cache is split into
 `decode_segments` segments with one loop each: a step reads the prompt, the finished segments and its
 own, not the empty slots after it (`decoder.DecodeKV`). Each layer's current segment is a separate
 array in the loop carry, updated in place with `dynamic_update_slice` (no per-step re-stacking).
@@ -42,6 +42,9 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # drop tokens with p < min_p * p_max; 0 = off
     eos_ids: tuple[int, ...] = ()  # stop ids (EOS and e.g. <|im_end|>)
+    # text-level stop strings (sage_jax.stop_strings.StopStrings): a row stops after the token that completes
+    # one in its decoded text, which is kept, as transformers' stop_strings / vLLM's include_stop_str_in_output
+    stop: object = None
     pad_id: int = 0
     # Speed only (the samples do not depend on it): the completion cache in this many segments, each
     # decoded by a loop that reads the filled segments only (at most T - 1 are used; 1 = one loop).
@@ -149,7 +152,13 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
     tokens = jnp.full((B, T), cfg.pad_id, jnp.int32).at[:, 0].set(tok)
     logps, ents, raws = zeros_f.at[:, 0].set(lp), zeros_f.at[:, 0].set(ent), zeros_f.at[:, 0].set(raw)
     mask = jnp.zeros((B, T), jnp.int32).at[:, 0].set(1)
-    state = (jnp.int32(1), tokens, logps, ents, mask, _is_stop(tok, cfg), tok, raws)
+    done = _is_stop(tok, cfg)
+    if cfg.stop is not None:
+        stop_state, hit = cfg.stop.advance(cfg.stop.start(B), tok)
+        done = done | hit
+    else:
+        stop_state = jnp.zeros((B, 0), jnp.int32)
+    state = (jnp.int32(1), tokens, logps, ents, mask, done, tok, raws, stop_state)
 
     # Step t (1 <= t < T) feeds token t - 1, writes completion slot t - 1 and samples token t.
     past = [((), ()) for _ in range(mcfg.num_layers)]
@@ -159,7 +168,7 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
         cur = shd.constrain_cache([{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in past])
 
         def step(carry, start=start, past=past):
-            (t, tokens, logps, ents, mask, done, prev, raws), cur = carry
+            (t, tokens, logps, ents, mask, done, prev, raws, stop_state), cur = carry
             kv = [DecodeKV(p["k"], p["v"], pk, pv, c["k"], c["v"]) for p, (pk, pv), c in zip(prefill, past, cur)]
             pos = (prompt_len_B + t - 1)[:, None]
             hidden, kv = model.forward(prev[:, None], pos, pmask, kv, t - 1 - start)
@@ -167,9 +176,13 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
             live = ~done
             tok = jnp.where(live, tok, cfg.pad_id)
             upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None], (0, t))
+            stop_now = _is_stop(tok, cfg)
+            if cfg.stop is not None:
+                stop_state, hit = cfg.stop.advance(stop_state, tok)
+                stop_now = stop_now | (hit & live)
             state = (t + 1, upd(tokens, tok), upd(logps, jnp.where(live, lp, 0.0)),
                      upd(ents, jnp.where(live, ent, 0.0)), upd(mask, live.astype(jnp.int32)),
-                     done | _is_stop(tok, cfg), tok, upd(raws, jnp.where(live, raw, 0.0)))
+                     done | stop_now, tok, upd(raws, jnp.where(live, raw, 0.0)), stop_state)
             # Under a sharded step the carry keeps the cache's sharding (rows x kv heads); identity otherwise.
             return state, shd.constrain_cache([{"k": c.k, "v": c.v} for c in kv])
 

@@ -44,6 +44,7 @@ class Setup:
     eos_ids: tuple[int, ...]
     pad_id: int
     reward_fn: Any
+    stop: Any = None  # sage_jax.stop_strings.StopStrings of rollout.stop_strings, or None
 
 
 def _stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:
@@ -171,7 +172,7 @@ class TrainingEval:
     def _generator(self, state: TrainState) -> TextSampler:
         if self._sampler is None:
             cfg = SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=self.c.eval.temperature,
-                                 top_p=self.c.eval.top_p, eos_ids=self.s.eos_ids, pad_id=self.s.pad_id,
+                                 top_p=self.c.eval.top_p, eos_ids=self.s.eos_ids, pad_id=self.s.pad_id, stop=self.s.stop,
                                  decode_segments=self.c.rollout.get("decode_segments", 4))
             self._sampler = TextSampler(policy_model(self.graphdef, state), self.s.tokenizer, cfg,
                                         batch_size=self.c.eval.batch_size, mesh=self.s.mesh)
@@ -256,7 +257,7 @@ def build_setup(c, workdir: str) -> Setup:
             f"{model_cfg.vocab_size}; the tokenizer files belong to another model")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
     return Setup(c, workdir, mesh, model_cfg, tokenizer, _stop_ids(tokenizer, model_cfg), int(pad),
-                 make_reward_fn(c.rl.reward))
+                 make_reward_fn(c.rl.reward), config_lib.stop_strings(c, tokenizer, model_cfg.vocab_size))
 
 
 def run(c, workdir: str) -> dict[str, Any]:
@@ -268,10 +269,10 @@ def run(c, workdir: str) -> dict[str, Any]:
     model, _ = hf.load(c.model.path, dtype=dtype, mesh=s.mesh, param_dtype=pdtype)
     lora_cfg = config_lib.lora_config(c)
     if lora_cfg is not None:  # adapters (B = 0) on the loaded base; only they train and are checkpointed
-        lora_lib.add_lora(model, lora_cfg, seed=c.seed, param_dtype=pdtype)
+        lora_lib.add_lora(model, lora_cfg, seed=c.seed, param_dtype=config_lib.lora_param_dtype(c))
 
     if c.mode == "rl":
-        rl_cfg = config_lib.rl_config(c, s.eos_ids, s.pad_id)
+        rl_cfg = config_lib.rl_config(c, s.eos_ids, s.pad_id, stop=s.stop)
         per_step = rl_cfg.num_iterations * rl_cfg.num_minibatches
         rl_cfg = dataclasses.replace(rl_cfg, max_steps=c.max_steps * per_step)
     else:
@@ -378,7 +379,8 @@ def run(c, workdir: str) -> dict[str, Any]:
     summary["end_step"] = step
     summary["preempted"] = pre.requested
     if not pre.requested and step >= c.max_steps:
-        if evaluator is not None and c.eval.at_end:
+        # the last step is evaluated here, after its checkpoint: at_end, or when eval_every falls on it
+        if evaluator is not None and (c.eval.at_end or (c.eval_every and step % c.eval_every == 0)):
             evaluate(step)  # a restart of a finished run samples nothing new and logs only what is missing
         if c.ckpt.export_hf:
             summary.update(export(c, s, graphdef, state, workdir, is_main))

@@ -97,20 +97,55 @@ def too_costly(answer: str) -> bool:
 # ----------------------------------------------------------------------------- worker side
 
 
+_SCI = re.compile(r"^\s*\$?\s*([-+]?(?:\d+\.?\d*|\.\d+))\s*[eE]\s*([-+]?\d+)\s*\$?\s*$")
+
+
+def sci_to_latex(answer: str) -> str:
+    """`4.5e33` -> `4.5 \\times 10^{33}`: math-verify reads a bare e-notation literal as 4.5 * e * 33
+    (Minerva has 58 such golds of 272), so both sides are normalised before verifying. Other text unchanged."""
+    m = _SCI.match(answer)
+    return f"{m.group(1)} \\times 10^{{{int(m.group(2))}}}" if m else answer
+
+
 def _gold_candidates(gold: str) -> list[str]:
     """Strings to try for the gold answer, in order (docs/design.md §7: bare golds need `$...$`)."""
     boxed = last_boxed(gold) if "box" in gold else None
-    core = boxed if boxed is not None else gold.strip()
+    core = sci_to_latex(boxed if boxed is not None else gold.strip())
     cands = [f"${core.strip('$').strip()}$"]
     if core != gold:
         cands.append(gold)
     return cands
 
 
-def _verify_one(completion: str, gold: str, cache: dict) -> tuple[float, str]:
+MODES = ("boxed", "text")
+
+
+def _verify_text(completion: str, gold: str, cache: dict) -> tuple[float, str]:
+    """The official SAGE reward (tally0818/SAGE src/train/rewards.py): `verify(parse(gold), parse(text))`
+    on the whole completion and the gold string as given, 0 on any exception (here: status error:...,
+    raised to the caller's handler). math-verify's own extraction picks the answer from the text."""
+    from math_verify import parse, verify
+
+    key = ("text", gold)
+    if key not in cache:
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = parse(gold, parsing_timeout=None)
+    gold_parsed = cache[key]
+    if not gold_parsed:
+        return 0.0, "gold_unparsed"
+    pred = parse(completion, parsing_timeout=None)
+    if not pred:
+        return 0.0, "no_answer"
+    return (1.0 if verify(gold_parsed, pred, timeout_seconds=None) else 0.0), "ok"
+
+
+def _verify_one(completion: str, gold: str, cache: dict, mode: str = "boxed") -> tuple[float, str]:
     """Score one sample inside a worker. Returns (reward, status)."""
     from math_verify import parse, verify  # imported once per worker (preloaded).
 
+    if mode == "text":
+        return _verify_text(completion, gold, cache)
     if len(gold) > MAX_ANSWER_CHARS:
         return 0.0, "gold_unparsed"
     gold_parsed = cache.get(gold)
@@ -133,7 +168,7 @@ def _verify_one(completion: str, gold: str, cache: dict) -> tuple[float, str]:
         if too_costly(boxed):
             same = "".join(boxed.split()) == "".join(gold.strip().strip("$").split())
             return (1.0 if same else 0.0), "ok" if same else "rejected"
-        pred = parse(f"${boxed}$", parsing_timeout=None)
+        pred = parse(f"${sci_to_latex(boxed)}$", parsing_timeout=None)
     else:
         # No box: math-verify's own extraction ("the answer is ...", last LaTeX / expression).
         tail = completion[-MAX_UNBOXED_CHARS:]
@@ -164,9 +199,9 @@ def _worker_main(conn: mp_connection.Connection) -> None:
             return  # parent went away
         if msg is None:
             return
-        task_id, completion, gold = msg
+        task_id, completion, gold, mode = msg
         try:
-            reward, status = _verify_one(completion, gold, cache)
+            reward, status = _verify_one(completion, gold, cache, mode)
         except BaseException as e:  # noqa: BLE001  (RecursionError, sympy internals, ...)
             reward, status = 0.0, f"error:{type(e).__name__}"
         try:
@@ -341,8 +376,15 @@ class VerifierPool:
         completions: Sequence[Any],
         answers: Sequence[Any],
         timeout_s: float | None = None,
+        mode: str = "boxed",
     ) -> tuple[np.ndarray, RewardStats]:
-        """Score each (completion, gold) pair: float32 1.0 / 0.0, and the call's counts."""
+        """Score each (completion, gold) pair: float32 1.0 / 0.0, and the call's counts.
+
+        `mode`: "boxed" (the last \\boxed{} of the completion, else math-verify's extraction from its tail;
+        golds wrapped in $...$) or "text" (the official SAGE reward: math-verify on the whole text and the
+        gold as given)."""
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not one of {MODES}")
         t0 = time.monotonic()
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         completions, answers = as_batch(completions), as_batch(answers)
@@ -357,7 +399,7 @@ class VerifierPool:
             with self._lock:
                 if self.closed:
                     raise RuntimeError("VerifierPool is closed")
-                self._run(completions, answers, timeout, rewards, stats)
+                self._run(completions, answers, timeout, rewards, stats, mode)
         except Exception as e:  # noqa: BLE001  (never raise to the training step: fail closed)
             logger.exception("reward pool failed; scoring the batch as 0: %s", e)
             rewards[:] = 0.0
@@ -368,7 +410,7 @@ class VerifierPool:
         self.totals.add(stats)
         return rewards, stats
 
-    def _run(self, completions, answers, timeout, rewards, stats) -> None:
+    def _run(self, completions, answers, timeout, rewards, stats, mode="boxed") -> None:
         pending = deque(range(len(completions)))
         self._ensure_workers()
         tid_to_idx: dict[int, int] = {}
@@ -396,6 +438,7 @@ class VerifierPool:
                         self._task_seq,
                         to_text(completions[idx], MAX_COMPLETION_CHARS),
                         to_text(answers[idx]),
+                        mode,
                     )
                     try:
                         w.conn.send(msg)

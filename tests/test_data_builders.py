@@ -39,7 +39,10 @@ def write_fixtures(manual):
     """One tiny file per dataset, in the release's own format; returns the expected records."""
     dapo = [_dapo_row(0, "What is $1+1$?", "2"), _dapo_row(1, "Find $x$ if $2x=6$.", "3"),
             _dapo_row(0, "What is $1+1$?", "2")]  # the release repeats its prompts
-    _parquet(manual / "dapo_math_17k" / "dapo-math-17k.parquet", dapo)
+    _parquet(manual / "dapo_math_17k" / "data" / "dapo-math-17k.parquet", dapo)  # the hub's own layout
+    _parquet(manual / "dapo_math_17k_en" / "en" / "train-00000-of-00001.parquet", [  # open-r1's processed en
+        {"prompt": "What is $1+1$?", "solution": "2", "data_source": "math_dapo"},
+        {"prompt": "Find $x$ if $2x=6$.", "solution": "3", "data_source": "math_dapo"}])
     _jsonl(manual / "math500" / "test.jsonl", [
         {"problem": "Compute $\\frac12+\\frac12$.", "solution": "It is $\\boxed{1}$.",
          "answer": "1", "subject": "Algebra", "level": 1, "unique_id": "test/algebra/1.json"},
@@ -58,6 +61,7 @@ def write_fixtures(manual):
          "idx": 3}])
     return {
         "dapo_math_17k": [("uuid-0", "What is $1+1$?", "2", ""), ("uuid-1", "Find $x$ if $2x=6$.", "3", "")],
+        "dapo_math_17k_en": [("1", "What is $1+1$?", "2", ""), ("2", "Find $x$ if $2x=6$.", "3", "")],
         "math500": [("test/algebra/1.json", "Compute $\\frac12+\\frac12$.", "1", "It is $\\boxed{1}$."),
                     ("test/algebra/2.json", "Solve $x^2=4$, $x>0$.", "2", "$x=\\boxed{2}$")],
         "aime2024": [("2024-I-1", "AIME problem one.", "204", "sol one"),

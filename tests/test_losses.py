@@ -48,7 +48,7 @@ def np_weights(m, loss_type, n_batch=None, tmax=None):
     return w
 
 
-def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None):
+def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
     """Loss, metrics and d loss / d lp, with explicit loops and branch bookkeeping."""
     B, T = lp.shape
     el, eh, delta = cfg.eps_low, cfg.eps_high, cfg.delta
@@ -56,7 +56,7 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None):
     loss = pg_loss = kl_loss = 0.0
     grad = np.zeros((B, T))
     n_tok = max(m.sum(), 1)
-    kl_sum = ratio_sum = low = high = 0.0
+    kl_sum = ratio_sum = low = high = tis_sum = tis_capped = 0.0
     for b in range(B):
         idx = [t for t in range(T) if m[b, t]]
         n = max(len(idx), 1)
@@ -74,6 +74,11 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None):
             else:
                 pg = -r2 * A
                 dpg_dlr = -A * r * (1.0 if (1 - el < r < 1 + eh) else 0.0)
+            if cfg.tis_cap is not None:  # TRL: per_token_loss * clamp(exp(old - sampling), max=cap), then + beta kl
+                tis = min(np.exp(old[b, t] - sampler[b, t]), cfg.tis_cap)
+                tis_sum += tis
+                tis_capped += float(np.exp(old[b, t] - sampler[b, t]) > cfg.tis_cap)
+                pg, dpg_dlr = pg * tis, dpg_dlr * tis
             kl = np_kl(lp[b, t], ref[b, t], logq[b, t], cfg.estimator) if cfg.beta else 0.0
             loss += w[b, t] * (pg + cfg.beta * kl)
             pg_loss += w[b, t] * pg
@@ -96,6 +101,8 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None):
                    clip_region=(low + high) / n_tok)
     if cfg.beta:
         metrics.update(kl=kl_sum / n_tok, kl_loss=kl_loss)
+    if cfg.tis_cap is not None:
+        metrics.update(tis_weight_mean=tis_sum / n_tok, tis_capped=tis_capped / n_tok)
     return loss, metrics, grad
 
 
@@ -493,3 +500,27 @@ def test_config_validation_and_hashable():
     with pytest.raises(ValueError, match="unknown loss_type"):
         losses.aggregate(jnp.zeros((1, 2)), jnp.ones((1, 2)), "x")
     assert hash(LossConfig()) == hash(LossConfig())
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_truncated_importance_sampling_matches_numpy(loss_type):
+    """TRL 0.23's sampler correction: pg x min(exp(old - sampler), cap), beta kl added unweighted."""
+    c, j = make_tensors(5)
+    rng = np.random.default_rng(50)
+    sampler = c["old"] + rng.normal(0, 0.8, size=c["old"].shape)  # some weights above the cap of 2
+    cfg = LossConfig(loss_type=loss_type, beta=0.07, tis_cap=2.0)
+    n_batch = 2 * int(c["m"].sum()) if loss_type == "dapo" else None
+    (loss, met), g = jax.jit(jax.value_and_grad(losses.policy_loss, has_aux=True), static_argnames=("cfg",))(
+        j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg=cfg, num_batch_tokens=n_batch,
+        sampler_logp_BxT=jnp.asarray(np.where(c["m"], sampler, np.nan)))
+    want, want_met, want_g = np_policy_loss(c["lp"], c["old"], c["ref"], c["logq"], c["adv"], c["m"], cfg,
+                                            n_batch, sampler=sampler)
+    assert 0 < want_met["tis_capped"] < 0.5  # the cap binds on some tokens, not all
+    np.testing.assert_allclose(float(loss), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-9, atol=1e-12)
+    for k, v in want_met.items():
+        np.testing.assert_allclose(float(met[k]), v, rtol=1e-10, atol=1e-12, err_msg=k)
+    with pytest.raises(ValueError, match="sampler_logp_BxT"):
+        losses.policy_loss(j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg)
+    with pytest.raises(ValueError, match="tis_cap"):
+        LossConfig(tis_cap=0.0)

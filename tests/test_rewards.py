@@ -260,3 +260,41 @@ def test_a_crashed_worker_fails_its_sample_closed_and_is_replaced():
         assert time.monotonic() - t0 < 10  # noticed at once, not at the 30 s timeout
         np.testing.assert_array_equal(got, [0.0, 1.0])
         assert stats.errors == 1 and stats.timeouts == 0 and p.restarts == 1
+
+
+def _official_reward(txt: str, gt: str) -> int:
+    """The official SAGE reward as its source writes it (tally0818/SAGE src/train/rewards.py)."""
+    try:
+        from math_verify import parse, verify
+        return int(verify(parse(gt), parse(txt)))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def test_text_mode_is_the_official_reward(pool):
+    """math_verify_text scores like the official code, which differs from the boxed reader where the text
+    has no box, several answers, or a gold math-verify cannot read bare."""
+    comps = ["<start_working_out>2+2<end_working_out><SOLUTION>4</SOLUTION>",
+             "so x = 3. <SOLUTION>\\frac{1}{2}</SOLUTION>", "<SOLUTION>0.5</SOLUTION>",
+             "The answer is $\\boxed{12}$ and not 13", "no number here", "<SOLUTION>3, 4</SOLUTION>",
+             "<SOLUTION>\\sqrt{2}</SOLUTION>", "<SOLUTION>10</SOLUTION>"]
+    golds = ["4", "1/2", "\\frac{1}{2}", "12", "7", "4", "\\sqrt{2}", "10.0"]
+    want = np.array([_official_reward(c, g) for c, g in zip(comps, golds)], np.float32)
+    got, stats = pool.verify(comps, golds, mode="text")
+    np.testing.assert_array_equal(got, want)
+    assert 0 < want.sum() < len(want) and stats.n == len(comps)
+    np.testing.assert_array_equal(R.math_verify_text_reward(comps, golds, pool=pool), want)
+    assert R.parse_reward_spec("math_verify_text") == {"math_verify_text": 1.0}
+    with pytest.raises(ValueError, match="mode"):
+        pool.verify(comps, golds, mode="last_line")
+
+
+def test_scientific_notation_golds(pool):
+    """Minerva's e-notation golds: math-verify alone reads `$4.5e33$` as 4.5*e*33 and fails a right answer."""
+    from math_verify import parse, verify
+    assert not verify(parse("$4.5e33$"), parse("$4.5 \\times 10^{33}$"))  # the defect being fixed
+    comps = ["\\boxed{4.5 \\times 10^{33}}", "\\boxed{4.5e33}", "\\boxed{4.6 \\times 10^{33}}", "\\boxed{0.0022}",
+             "\\boxed{2.2 \\times 10^{3}}", "\\boxed{3e8}"]
+    golds = ["4.5e33", "4.5e33", "4.5e33", "2.2e-3", "2.2e-3", "3 \\times 10^8"]
+    got, _ = pool.verify(comps, golds)
+    np.testing.assert_array_equal(got, [1, 1, 0, 1, 0, 1])

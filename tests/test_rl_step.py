@@ -124,6 +124,17 @@ def test_multi_update_ratio_is_one_under_sampling_filters(filters):
     assert float(m["train/logp_diff_max"]) <= 1e-4
 
 
+def test_truncated_importance_weight_is_one_in_float32_under_min_p():
+    """The sampler's log-prob the weight divides by is its pre-filter one: under min_p the weight stays 1 up to
+    fp32 numerics (about 1e-5 per op, 1e-4 on a logit), never the kept mass (about 0.6-0.8 here)."""
+    _, _, state, step = setup(lr=0.0, num_minibatches=2, loss=losses.LossConfig(beta=0.04, tis_cap=2.0),
+                              sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=1.0,
+                                                        min_p=0.3))
+    state, m = step(state, batch())
+    assert float(m["train/tis_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
+    assert float(m["train/tis_capped"]) == 0.0
+
+
 def test_dapo_normaliser_with_several_minibatches():
     """dapo, M = 2 updates: "generation" divides each update's token sum by the generation batch's tokens
     (TRL 0.23, the reference), "window" by half of them (TRL >= 1.x): the logged losses differ by exactly 2."""

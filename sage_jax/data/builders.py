@@ -90,6 +90,11 @@ class DapoMath17k(_FileBuilder):
     SPEC = SPECS["dapo_math_17k"]
 
 
+class DapoMath17kEn(_FileBuilder):
+    name = "dapo_math_17k_en"
+    SPEC = SPECS["dapo_math_17k_en"]
+
+
 class Math500(_FileBuilder):
     name = "math500"
     SPEC = SPECS["math500"]
@@ -195,7 +200,7 @@ class ProceduralArithmetic(_Builder):
 
 
 BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
-    b.name: b for b in (DapoMath17k, Math500, Aime2024, Aime2025, Amc23, MinervaMath,
+    b.name: b for b in (DapoMath17k, DapoMath17kEn, Math500, Aime2024, Aime2025, Amc23, MinervaMath,
                         ProceduralArithmetic)
 }
 

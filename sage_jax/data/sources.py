@@ -116,6 +116,15 @@ def _dapo(row: dict, n: int) -> dict:
             "answer": answer_text(answer), "solution": "", "subject": "", "level": 0}
 
 
+def _dapo_processed(row: dict, n: int) -> dict:
+    """open-r1/DAPO-Math-17k-Processed: `prompt` is the problem text, `solution` the gold answer."""
+    problem = _require(_get(row, "prompt"), "prompt", row)
+    answer = _require(_get(row, "solution"), "solution", row)
+    idx = _get(row, "data_source_index", "index", default=None)
+    return {"id": str(idx if idx is not None else n), "problem": str(problem).strip(),
+            "answer": answer_text(answer), "solution": "", "subject": "", "level": 0}
+
+
 def _generic(row: dict, n: int) -> dict:
     """MATH-500 / AIME / AMC / Minerva: the common field-name variants, case-insensitively."""
     problem = _require(_get(row, "problem", "question", "prompt"), "problem", row)
@@ -145,6 +154,11 @@ SPECS: dict[str, SourceSpec] = {
             "dapo_math_17k", "BytedTsinghua-SIA/DAPO-Math-17k", ("data/dapo-math-17k.parquet",),
             "train", "prompt (list of {role, content}), reward_model.ground_truth, "
             "extra_info.index", _dapo, "DAPO-Math-17k (training prompts, integer answers)."),
+        SourceSpec(
+            "dapo_math_17k_en", "open-r1/DAPO-Math-17k-Processed", ("en/train-00000-of-00001.parquet",),
+            "train", "prompt (the problem text), solution (the gold answer)", _dapo_processed,
+            "DAPO-Math-17k-Processed, config en (about 14.1k English problems): the official SAGE code's "
+            "training set."),
         SourceSpec(
             "math500", "HuggingFaceH4/MATH-500", ("test.jsonl",), "test",
             "problem, solution, answer, subject, level, unique_id", _generic,
@@ -227,11 +241,12 @@ def manual_subdir(spec: SourceSpec, manual_dir: str | os.PathLike) -> Path:
 
 
 def find_local_files(spec: SourceSpec, manual_dir: str | os.PathLike | None) -> list[Path]:
-    """The release files in `<manual_dir>/<name>/`, else any parquet/jsonl/json file there."""
+    """The release files in `<manual_dir>/<name>/`, as the hub lays them out (`en/train-....parquet`) or by
+    base name, else any parquet/jsonl/json file there."""
     if manual_dir is None:
         return []
     d = manual_subdir(spec, manual_dir)
-    named = [d / Path(f).name for f in spec.hub_files if (d / Path(f).name).is_file()]
+    named = [p for f in spec.hub_files for p in (d / f, d / Path(f).name) if p.is_file()][:len(spec.hub_files)]
     if named:
         return named
     if not d.is_dir():

@@ -20,6 +20,15 @@ from typing import Any, Callable
 # reference runs on Qwen2.5-Math (the verifier reads the last \boxed{}).
 SAGE_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
+# The official SAGE code's system prompt (tally0818/SAGE src/train/common.py, src/data/loaders.py), verbatim:
+# working out between the reasoning tags, then the answer between <SOLUTION></SOLUTION>.
+OFFICIAL_SYSTEM_PROMPT = (
+    "You are given a problem.\n"
+    "Think about the problem and provide your working out.\n"
+    "Place it between <start_working_out> and <end_working_out>.\n"
+    "Then, provide your solution between <SOLUTION></SOLUTION>"
+)
+
 R1_TEMPLATE = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant "
     "solves it. The Assistant first thinks about the reasoning process in the mind and then "
