@@ -14,11 +14,19 @@ reward (math-verify on the whole completion, 0 on any exception). Training data:
 DAPO-Math-17k-Processed, config en. tests/test_official_recipe.py compares every field with the official
 values and lists the deviations with their reasons.
 Variants: `:grpo` (guide none), `:nokl` (beta 0, guide none: the README's no-KL rows), `:token`, `:random`.
-Not built yet: the Qwen2.5-Math-7B variant, whose SFT stage on OpenMathReasoning-mini precedes RL.
+
+Qwen2.5-Math-7B, a base model (`instruction_tuned: false` upstream), first gets the official SFT stage:
+`:qwen_math_sft` trains the LoRA adapter on OpenMathReasoning-mini (split cot, numeric answers, the
+official CHAT_TEMPLATE and target format, loss on every token as TRL's SFTTrainer on a text field, rows up
+to 4096 tokens = max_seq_len / 2; 2 epochs, lr 2e-4, batch 1, warm-up 5, linear, weight decay 0.01), then
+`:qwen_math` (combinable with a guide variant, e.g. `:qwen_math,nokl`) continues that adapter with RL
+(`model.lora.init_from`); the reference stays the raw base. One command runs both stages:
+
+    ./scripts/sage_official_qwen_math.sh DIR --config.data.manual_dir=/data/sage_manual
 """
 
 from sage_jax.config_lib import default_config
-from sage_jax.data.templates import OFFICIAL_SYSTEM_PROMPT
+from sage_jax.data.templates import OFFICIAL_EVAL_USER, OFFICIAL_SYSTEM_PROMPT
 
 UPDATES_PER_GENERATION = 2  # TRL: generation_batch_size 16 / per_device_train_batch_size 8
 
@@ -83,21 +91,64 @@ def get_config(arg=None):
     c.optim.weight_decay = 0.01
     c.optim.grad_clip_norm = 1.0
 
-    c.eval.n = 8
-    c.eval.temperature = 1.0
+    # The official evaluation (configs/eval_config.yaml, src/data/loaders.py): k = 64 samples at
+    # temperature 0.3, top-p 0.95, up to 6144 tokens; the system prompt, then "Problem: ..." as the user turn.
+    c.eval.n = 64
+    c.eval.temperature = 0.3
+    c.eval.top_p = 0.95
     c.eval.max_new_tokens = 6144
     c.eval.batch_size = 64
+    c.eval.template = "chat:" + OFFICIAL_EVAL_USER
     c.eval.at_start = False
     c.eval.at_end = False
-    c.eval.benchmarks = "math500:test,aime2024:test,aime2025:test,amc23:test"
+    c.eval.num_problems = 0  # all
+    c.eval.benchmarks = "math500:test,aime_2024_2025:test,amc23:test,minerva_math:test"
     c.mesh.shape = (1, -1, 1)
 
     variants = {"branch": {}, "grpo": dict(guide="none"), "nokl": dict(guide="none", beta=0.0),
                 "token": dict(guide="token"), "random": dict(guide="random")}
-    if arg:
-        if arg not in variants:
-            raise ValueError(f"configs/sage_official.py:{arg}: unknown variant; choose one of {sorted(variants)}")
-        v = variants[arg]
-        c.sage.guide = v.get("guide", c.sage.guide)
-        c.rl.beta = v.get("beta", c.rl.beta)
+    models = {"qwen_math": _qwen_math, "qwen_math_sft": _qwen_math_sft}
+    for part in [p.strip() for p in (arg or "").split(",") if p.strip()]:
+        if part in models:
+            models[part](c)
+        elif part in variants:
+            v = variants[part]
+            c.sage.guide = v.get("guide", c.sage.guide)
+            c.rl.beta = v.get("beta", c.rl.beta)
+        else:
+            raise ValueError(f"configs/sage_official.py:{arg}: unknown variant {part!r}; choose from "
+                             f"{sorted(variants) + sorted(models)}")
     return c
+
+
+def _qwen_math(c) -> None:
+    """RL on Qwen2.5-Math-7B after the SFT stage: the official base-model chat template (system prompt, EOS,
+    the problem, then `<start_working_out>`), the adapter from `:qwen_math_sft` via model.lora.init_from."""
+    c.model.path = "Qwen/Qwen2.5-Math-7B"
+    c.data.template = "official_base"
+    c.eval.template = "official_base:" + OFFICIAL_EVAL_USER
+    # Qwen2.5-Math-7B has 4096 positions; the official 2048 + 6144 is the R1-Distill (default model) shape.
+    c.data.max_prompt_tokens = 1024
+    c.rollout.max_new_tokens = 3072
+    c.eval.max_new_tokens = 3072
+
+
+def _qwen_math_sft(c) -> None:
+    """The official SFT stage (src/train/common.py run_sft_if_needed, configs/train_config.yaml `sft:`)."""
+    _qwen_math(c)
+    c.mode = "sft"
+    c.seed = 42  # SFTConfig(seed=cfg["seed"]): the project seed
+    c.max_steps = 1  # replaced by data.num_epochs x rows
+    c.checkpoint_every = 500
+    c.log_every = 5  # logging_steps
+    c.data.name = "openmathreasoning_mini"
+    c.data.train_split = "cot"
+    c.data.batch_size = 1
+    c.data.num_epochs = 2
+    c.data.max_sft_tokens = 4096  # rows up to max_seq_len (8192) / 2 tokens are kept
+    c.data.sft_drop_longer = True
+    c.data.sft_loss_on = "all"
+    c.optim.learning_rate = 2e-4
+    c.optim.schedule = "linear"
+    c.optim.warmup_steps = 5
+    c.optim.weight_decay = 0.01

@@ -46,6 +46,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.lora.dropout = 0.0  # adapter-input dropout probability, training forward only
     c.model.lora.targets = "q,k,v,o,gate,up,down"  # comma-separated projections
     c.model.lora.param_dtype = ""  # storage dtype of the adapters; "" = model.param_dtype (PEFT: float32)
+    c.model.lora.init_from = ""  # a PEFT adapter dir (e.g. an SFT run's export_peft) the adapters start from
 
     c.data = ml_collections.ConfigDict()
     c.data.name = "procedural_arithmetic"  # a sage_jax.data.builders name
@@ -61,6 +62,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.data.max_prompt_tokens = 64  # prompts longer than this are an error, not truncated
     c.data.max_answer_tokens = 32
     c.data.max_sft_tokens = 128
+    c.data.sft_loss_on = "completion"  # SFT targets: completion (+ EOS) | all (every token, as TRL on a text field)
+    c.data.sft_drop_longer = False  # SFT rows over max_sft_tokens: False = refuse, True = drop them (counted)
+    c.data.num_epochs = 0  # SFT: > 0 sets max_steps = num_epochs x rows // batch_size
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.group_size = 8  # G completions per prompt
@@ -112,7 +116,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.ckpt.export_hf = True  # write DIR/export_hf (HF format) at the end
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_problems = 64  # problems of data.eval_split used for in-training evaluation
+    c.eval.num_problems = 64  # problems per benchmark of eval.benchmarks (0 = all), in training and mode=eval
     c.eval.n = 8  # samples per problem
     c.eval.temperature = 1.0
     c.eval.top_p = 1.0
@@ -125,6 +129,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval.models = ml_collections.ConfigDict()
     c.eval.model_list = ""  # the same from the command line: 'NAME=DIR,NAME=DIR' (added after eval.models)
     c.eval.benchmarks = "procedural_arithmetic:test"
+    c.eval.template = ""  # the evaluation prompt's template (as data.template); "" = data.template
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one entry may be -1
@@ -267,6 +272,13 @@ def validate_eval(c) -> None:
         raise ConfigValidationError(f"eval.top_p={e.top_p} must be in (0, 1]")
     if c.eval_every < 0:
         raise ConfigValidationError(f"eval_every={c.eval_every} must be >= 0")
+    from sage_jax.data.templates import format_prompt
+    for field, t in (("data.template", c.data.template), ("eval.template", e.get("template"))):
+        try:
+            if t:
+                format_prompt("x", t)
+        except ValueError as err:
+            raise ConfigValidationError(f"{field}: {err}") from None
     eval_models(c)
 
 
@@ -300,7 +312,14 @@ def validate(c, num_devices: int | None = None) -> None:
     if not os.path.isdir(path) and not hub_id:
         raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
-    lora_config(c)
+    if c.data.sft_loss_on not in ("completion", "all"):
+        raise ConfigValidationError(f"data.sft_loss_on={c.data.sft_loss_on!r} must be 'completion' or 'all'")
+    if c.data.num_epochs < 0 or (c.data.num_epochs and c.mode != "sft"):
+        raise ConfigValidationError(f"data.num_epochs={c.data.num_epochs}: >= 0, and only for mode=sft "
+                                    "(RL runs count max_steps)")
+    if lora_config(c) is None and c.model.lora.get("init_from"):
+        raise ConfigValidationError(f"model.lora.init_from={c.model.lora.init_from!r} needs LoRA on "
+                                    "(model.lora.rank > 0)")
     lora_param_dtype(c)
     if c.data.batch_size < 1:
         raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")

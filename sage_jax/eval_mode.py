@@ -60,6 +60,11 @@ def load_policy(path: str, dtype=None, mesh=None, param_dtype=None):
     return policy_model(graphdef, restored[0]), rc.model.path
 
 
+def eval_template(c) -> str:
+    """The evaluation prompt's template: eval.template, else the training one (data.template)."""
+    return c.eval.get("template") or c.data.template
+
+
 def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem]]:
     from sage_jax.data import builders
     from sage_jax.data.sources import decode_record
@@ -73,11 +78,12 @@ def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem
         src = builders.load_split(name, split or "test", data_dir=data_dir, manual_dir=c.data.manual_dir or None,
                                   config=cfg)
         n = len(src) if c.eval.num_problems <= 0 else min(c.eval.num_problems, len(src))
+        template = eval_template(c)
         probs = []
         for i in range(n):
             r = decode_record(src[i])
-            probs.append(Problem(r["id"], format_prompt(r["problem"], c.data.template, tokenizer,
-                                                        c.data.system_prompt), r["answer"]))
+            probs.append(Problem(r["id"], format_prompt(r["problem"], template, tokenizer, c.data.system_prompt),
+                                 r["answer"]))
         out[spec] = probs
     return out
 

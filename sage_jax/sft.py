@@ -3,7 +3,8 @@
 Dimension key: B batch, S sequence (prompt + completion, right padded).
 
 Loss = sum over target tokens of -log p(token) / number of target tokens (a token mean over the
-batch), where target tokens are the completion and its closing EOS. Used for a pre-RL SFT stage and to
+batch), where target tokens are the completion and its closing EOS (`data.sft_loss_on = "completion"`) or
+every token after the first (`"all"`: TRL's SFTTrainer on a plain text field, as the official SFT stage). Used for a pre-RL SFT stage and to
 train the embedded tiny base model from scratch. Under LoRA only the adapters train (`state.params`),
 the base rides along frozen in `state.frozen_params`, as in the RL step.
 """
@@ -23,9 +24,17 @@ from sage_jax.models.decoder import positions_from_mask
 from sage_jax.rl_step import merge_policy
 
 
+def sft_lengths(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
+    """Tokens per example as `encode_sft` lays it out: prompt + completion + EOS."""
+    p = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    c = tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+    return np.array([len(a) + len(b) + 1 for a, b in zip(p, c)], np.int64)
+
+
 def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str], eos_id: int, length: int,
-               pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Right-padded `tokens`, `mask` (attention) and `loss_mask` (completion + EOS) of shape BxS."""
+               pad_id: int = 0, loss_on: str = "completion") -> dict[str, np.ndarray]:
+    """Right-padded `tokens`, `mask` (attention) and `loss_mask` of shape BxS. `loss_on="completion"`: the
+    completion and its EOS are the targets; `"all"`: every token (TRL's SFTTrainer on a plain text field)."""
     B = len(prompts)
     tokens = np.full((B, length), pad_id, np.int32)
     mask = np.zeros((B, length), np.int32)
@@ -39,7 +48,7 @@ def encode_sft(tokenizer, prompts: Sequence[str], completions: Sequence[str], eo
                              f"data.max_sft_tokens={length}; raise it (nothing is truncated silently)")
         tokens[i, :n] = pi + ci
         mask[i, :n] = 1
-        loss_mask[i, len(pi):n] = 1
+        loss_mask[i, (0 if loss_on == "all" else len(pi)):n] = 1
     return {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
 
 

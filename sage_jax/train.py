@@ -64,19 +64,57 @@ def data_source(c, workdir: str, split: str):
                                config=c.data.builder_config if c.data.name == "procedural_arithmetic" else None)
 
 
-def prompt_iterator(c, s: Setup, split: str, seed: int):
-    from sage_jax.data.pipeline import make_prompt_iterator
-    n_proc = jax.process_count()
-    if c.data.batch_size % n_proc:
-        raise config_lib.ConfigValidationError(
-            f"data.batch_size={c.data.batch_size} is not divisible by the {n_proc} processes")
+def train_source(c, s: Setup, split: str):
+    """The training records: the split, its first `data.max_train_problems`, every row checked against the
+    token limits before the first step (SFT rows over the limit dropped, and counted, if so configured)."""
     source = data_source(c, s.workdir, split)
     if c.data.max_train_problems:
         source = _Head(source, c.data.max_train_problems)
     if c.mode == "rl":
         check_prompt_lengths(c, s, source, split)
+    else:
+        source = check_sft_lengths(c, s, source, split)
+    return source
+
+
+def prompt_iterator(c, s: Setup, source, seed: int):
+    from sage_jax.data.pipeline import make_prompt_iterator
+    n_proc = jax.process_count()
+    if c.data.batch_size % n_proc:
+        raise config_lib.ConfigValidationError(
+            f"data.batch_size={c.data.batch_size} is not divisible by the {n_proc} processes")
     return make_prompt_iterator(source, batch_size=c.data.batch_size // n_proc, seed=seed,
                                 template=c.data.template, tokenizer=s.tokenizer, system_prompt=c.data.system_prompt)
+
+
+def check_sft_lengths(c, s: Setup, source, split: str, chunk: int = 1024):
+    """Every SFT example (prompt + solution + EOS) fits `data.max_sft_tokens`, checked before the first step.
+    Over the limit: an error naming the first such row, or with `data.sft_drop_longer` those rows left out
+    (the official SFT keeps rows up to max_seq_len / 2 tokens) and their count logged."""
+    from sage_jax.data.sources import decode_record
+    from sage_jax.data.templates import make_template_fn
+    from sage_jax.sft import sft_lengths
+    fmt = make_template_fn(c.data.template, s.tokenizer, c.data.system_prompt)
+    limit, keep = c.data.max_sft_tokens, []
+    for start in range(0, len(source), chunk):
+        idx = list(range(start, min(start + chunk, len(source))))
+        recs = [decode_record(source[i]) for i in idx]
+        n = sft_lengths(s.tokenizer, [fmt(r["problem"]) for r in recs], [r["solution"] for r in recs])
+        over = np.flatnonzero(n > limit)
+        if len(over) and not c.data.sft_drop_longer:
+            i = int(over[0])
+            raise config_lib.ConfigValidationError(
+                f"{c.data.name}:{split} row {idx[i]} (id {recs[i]['id']}): {int(n[i])} tokens (prompt + "
+                f"solution + EOS) exceed data.max_sft_tokens={limit}; raise it, or set data.sft_drop_longer=True")
+        keep += [j for j, m in zip(idx, n) if m <= limit]
+    if len(keep) == len(source):
+        return source
+    log.warning("%s:%s: %d of %d SFT rows are longer than data.max_sft_tokens=%d and left out "
+                "(data.sft_drop_longer)", c.data.name, split, len(source) - len(keep), len(source), limit)
+    if not keep:
+        raise config_lib.ConfigValidationError(
+            f"{c.data.name}:{split}: no row fits data.max_sft_tokens={limit}")
+    return _Rows(source, keep)
 
 
 def check_prompt_lengths(c, s: Setup, source, split: str, chunk: int = 8192) -> None:
@@ -110,6 +148,19 @@ def check_prompt_lengths(c, s: Setup, source, split: str, chunk: int = 8192) -> 
             f"data.max_prompt_tokens={limit}: {bad} prompt(s) of {c.data.name}:{split} are longer, the first at row "
             f"{row} (id {rec['id']}, {n} tokens: {rec['problem'][:60]!r}); raise the limit or filter the data "
             "(prompts are never truncated)")
+
+
+class _Rows:
+    """The records of a random-access source at the given indexes."""
+
+    def __init__(self, source, rows: list[int]):
+        self.source, self.rows = source, rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.source[self.rows[i]]
 
 
 class _Head:
@@ -270,7 +321,14 @@ def run(c, workdir: str) -> dict[str, Any]:
     lora_cfg = config_lib.lora_config(c)
     if lora_cfg is not None:  # adapters (B = 0) on the loaded base; only they train and are checkpointed
         lora_lib.add_lora(model, lora_cfg, seed=c.seed, param_dtype=config_lib.lora_param_dtype(c))
+        if c.model.lora.init_from:  # e.g. the SFT stage's adapter, which RL continues (the reference stays the base)
+            hf.load_peft_adapter(model, c.model.lora.init_from)
 
+    source = train_source(c, s, c.data.train_split)
+    if c.mode == "sft" and c.data.num_epochs:  # the schedule's length comes from the data
+        c.max_steps = c.data.num_epochs * (len(source) // c.data.batch_size)
+        log.info("data.num_epochs=%d over %d rows in batches of %d: max_steps=%d", c.data.num_epochs,
+                 len(source), c.data.batch_size, c.max_steps)
     if c.mode == "rl":
         rl_cfg = config_lib.rl_config(c, s.eos_ids, s.pad_id, stop=s.stop)
         per_step = rl_cfg.num_iterations * rl_cfg.num_minibatches
@@ -291,7 +349,7 @@ def run(c, workdir: str) -> dict[str, Any]:
         step_fn = make_sft_step(graphdef, tx, lr_fn, c.rl.logp_chunk)
     del model
 
-    it = prompt_iterator(c, s, c.data.train_split, c.seed)
+    it = prompt_iterator(c, s, source, c.seed)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=c.ckpt.keep, async_save=c.ckpt.async_save)
     writer = MetricWriter(workdir, enabled=is_main, tensorboard=c.logging.tensorboard,
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
@@ -338,7 +396,7 @@ def run(c, workdir: str) -> dict[str, Any]:
             return {"prompt": _global(s.mesh, p), "prompt_mask": _global(s.mesh, m), "answer": _global(s.mesh, a)}
         from sage_jax.sft import encode_sft
         b = encode_sft(s.tokenizer, raw["prompt"], raw["solution"], s.eos_ids[0] if s.eos_ids else s.pad_id,
-                       c.data.max_sft_tokens, s.pad_id)
+                       c.data.max_sft_tokens, s.pad_id, loss_on=c.data.sft_loss_on)
         return {k: _global(s.mesh, v) for k, v in b.items()}
 
     pre = _Preemption()

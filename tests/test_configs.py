@@ -94,6 +94,11 @@ def test_paper_setup_values():
     (lambda c: setattr(c.data, "name", "gsm8k"), "data.name"),
     (lambda c: setattr(c.eval, "benchmarks", "math500,aime2099"), "eval.benchmarks"),
     (lambda c: setattr(c.eval, "model_list", "base"), "eval.model_list"),
+    (lambda c: setattr(c.eval, "template", "nope"), "eval.template"),
+    (lambda c: setattr(c.data, "template", "chatt"), "data.template"),
+    (lambda c: setattr(c.data, "sft_loss_on", "prompt"), "data.sft_loss_on"),
+    (lambda c: setattr(c.data, "num_epochs", 2), "data.num_epochs"),  # tiny.py is an RL run
+    (lambda c: setattr(c.model.lora, "init_from", "/some/adapter"), "model.lora.init_from"),  # LoRA is off
 ])
 def test_invalid_configs_name_the_field(edit, field):
     c = _load("tiny.py")

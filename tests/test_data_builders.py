@@ -53,9 +53,15 @@ def write_fixtures(manual):
         {"ID": "2024-II-4", "Problem": "AIME problem two.", "Solution": "sol two", "Answer": 33}])
     _jsonl(manual / "aime2025" / "test.jsonl", [
         {"problem": "AIME 2025 problem.", "answer": "70", "id": 0}])
-    _jsonl(manual / "amc23" / "test.jsonl", [
+    _parquet(manual / "amc23" / "test-00000-of-00001.parquet", [  # math-ai/amc23: float answers
         {"id": 0, "question": "AMC question?", "answer": 27.0, "url": "https://x"},
         {"id": 1, "question": "Another one?", "answer": 0.5, "url": "https://y"}])
+    aime = manual / "aime_2024_2025" / "eval" / "data" / "aime"  # GAIR-NLP/AIME-Preview's layout and fields
+    _jsonl(aime / "test2024.jsonl", [{"id": 60, "problem": "AIME 2024 one.", "solution": "s", "answer": "204",
+                                      "url": "https://a"}])
+    _jsonl(aime / "test2025-I.jsonl", [{"id": "I-1", "problem": "AIME 2025 I one.", "solution": "",
+                                        "answer": "70", "url": ""}])
+    _jsonl(aime / "test2025-II.jsonl", [{"id": "II-1", "problem": "AIME 2025 II one.", "answer": "588"}])
     _jsonl(manual / "minerva_math" / "test.jsonl", [
         {"problem": "Minerva problem.", "solution": "so \\boxed{9.8\\,m/s^2}", "type": "Physics",
          "idx": 3}])
@@ -68,6 +74,8 @@ def write_fixtures(manual):
                      ("2024-II-4", "AIME problem two.", "33", "sol two")],
         "aime2025": [("0", "AIME 2025 problem.", "70", "")],
         "amc23": [("0", "AMC question?", "27", ""), ("1", "Another one?", "0.5", "")],
+        "aime_2024_2025": [("60", "AIME 2024 one.", "204", "s"), ("I-1", "AIME 2025 I one.", "70", ""),
+                           ("II-1", "AIME 2025 II one.", "588", "")],
         "minerva_math": [("3", "Minerva problem.", "9.8\\,m/s^2", "so \\boxed{9.8\\,m/s^2}")],
     }
 
@@ -151,9 +159,34 @@ def test_hub_download_is_used_when_no_local_file(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("SAGE_JAX_OFFLINE", raising=False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    ds = builders.load_split("amc23", "test", tmp_path / "data", tmp_path / "empty_manual")
-    assert calls == [("math-ai/amc23", "test.jsonl", "dataset")]
+    ds = builders.load_split("aime2025", "test", tmp_path / "data", tmp_path / "empty_manual")
+    assert calls == [("math-ai/aime25", "test.jsonl", "dataset")]
     assert sources.decode_record(ds[0])["problem"] == "From the hub?"
+
+
+def test_files_off_the_hub_download_from_their_urls(tmp_path, monkeypatch):
+    """The pooled AIME set lives on GitHub: fetched from its raw URLs, written whole or not at all."""
+    import urllib.request
+
+    calls = []
+
+    def fake_retrieve(url, dest):
+        calls.append(url)
+        if "II" in url:
+            raise OSError("connection reset")
+        _jsonl(tmp_path / "x", [{"id": len(calls), "problem": f"P{len(calls)}", "answer": "1"}])
+        (tmp_path / "x").rename(dest)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("SAGE_JAX_OFFLINE", raising=False)
+    monkeypatch.setattr(urllib.request, "urlretrieve", fake_retrieve)
+    with pytest.raises(ManualFileMissingError, match="connection reset") as e:
+        builders.load_split("aime_2024_2025", "test", tmp_path / "data", tmp_path / "manual")
+    base = "https://raw.githubusercontent.com/GAIR-NLP/AIME-Preview/main/eval/data/aime/"
+    assert calls == [base + "test2024.jsonl", base + "test2025-I.jsonl", base + "test2025-II.jsonl"]
+    assert base + "test2025-II.jsonl" in str(e.value)
+    assert len(list(tmp_path.rglob("test2025-I.jsonl"))) == 1  # the file that arrived
+    assert not list(tmp_path.rglob("test2025-II.jsonl"))  # the broken one is not taken for the file
 
 
 def test_unknown_names_splits_and_empty_files_are_one_line_errors(tmp_path):

@@ -138,6 +138,59 @@ def test_adapter_only_export_loads_with_peft(adapted_hf, tmp_path):
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
 
 
+def test_peft_adapter_round_trip_restores_every_adapter_exactly(adapted_hf, tmp_path):
+    base_dir, model, _, tokens, ours = adapted_hf
+    out = hf.save_peft_adapter(model, str(tmp_path / "adapter"), base_dir)
+    fresh, _ = hf.load(base_dir)
+    lora.add_lora(fresh, lora.LoRAConfig(rank=4, alpha=8.0), seed=9)  # other A, B = 0
+    hf.load_peft_adapter(fresh, out)
+    for (_, _, _, a), (_, _, _, b) in zip(lora.iter_adapters(model), lora.iter_adapters(fresh), strict=True):
+        np.testing.assert_array_equal(np.asarray(b.a[...]), np.asarray(a.a[...]))
+        np.testing.assert_array_equal(np.asarray(b.b[...]), np.asarray(a.b[...]))
+    np.testing.assert_array_equal(np.asarray(_fwd(fresh, jnp.asarray(tokens))), ours)
+
+
+def test_adapter_written_by_peft_loads_with_its_logits(adapted_hf, tmp_path):
+    """The other direction: PEFT's own save_pretrained (random, non-zero B) read into our adapters gives
+    PEFT's logits (fp32 logits: 1e-4)."""
+    peft = pytest.importorskip("peft")
+    import torch
+    import transformers
+
+    base_dir, _, _, tokens, _ = adapted_hf
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
+                                                             attn_implementation="eager")
+    pcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                           "down_proj"])
+    pm = peft.get_peft_model(base, pcfg)
+    pm.eval()
+    with torch.no_grad():
+        theirs = pm(input_ids=torch.tensor(tokens, dtype=torch.long)).logits.float().numpy()
+    pm.save_pretrained(str(tmp_path / "peft"))
+    model, _ = hf.load(base_dir)
+    lora.add_lora(model, lora.LoRAConfig(rank=4, alpha=8.0))
+    hf.load_peft_adapter(model, str(tmp_path / "peft"))
+    np.testing.assert_allclose(np.asarray(_fwd(model, jnp.asarray(tokens))), theirs, atol=1e-4, rtol=0)
+
+
+def test_peft_adapter_of_another_rank_or_without_lora_is_one_error(adapted_hf, tmp_path):
+    from sage_jax.models.config import ConfigError
+
+    base_dir, model, _, _, _ = adapted_hf
+    out = hf.save_peft_adapter(model, str(tmp_path / "adapter"), base_dir)
+    other, _ = hf.load(base_dir)
+    lora.add_lora(other, lora.LoRAConfig(rank=2, alpha=8.0))
+    with pytest.raises(ConfigError, match="adapter_config.json: r=4 but model.lora gives 2"):
+        hf.load_peft_adapter(other, out)
+    plain, _ = hf.load(base_dir)
+    with pytest.raises(ConfigError, match="has no LoRA adapters"):
+        hf.load_peft_adapter(plain, out)
+    with pytest.raises(hf.CheckpointError, match="adapter_config.json: missing"):
+        hf.load_peft_adapter(model, str(tmp_path))
+
+
 def test_lora_from_config():
     from sage_jax import config_lib
 

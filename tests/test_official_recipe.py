@@ -10,6 +10,7 @@ builders (config_lib.rl_config / optim_config / lora_config), not with the prese
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 
 from sage_jax import config_lib
@@ -181,3 +182,161 @@ def test_the_preset_code_path_end_to_end(tmp_path):
     assert all(len(next(iter(m["benchmarks"].values()))["problems"]) == 4 for m in res["models"].values())
     cfg = json.loads((wd / "run_config.json").read_text())
     assert cfg["rollout"]["stop_strings"] == ["</SOLUTION>"] and cfg["model"]["lora"]["rank"] == 8
+
+
+# The official evaluation (configs/eval_config.yaml generation:, src/data/loaders.py), same commit.
+OFFICIAL_EVAL = {
+    "k": 64, "temperature": 0.3, "top_p": 0.95, "max_new_tokens": 6144, "eval_limit": None,
+    "user": "Problem: {problem}\n\nSolve this step by step and provide your final numerical answer.",
+    "datasets": ("HuggingFaceH4/MATH-500", "GAIR-NLP/AIME-Preview (2024, 2025-I, 2025-II)", "zwhe99/amc23",
+                 "math-ai/minervamath"),
+}
+EVAL_DEVIATIONS = {"datasets": "AMC 2023 is read from math-ai/amc23's parquet (the same 40 problems as the "
+                               "official zwhe99/amc23, not compared offline)"}
+
+
+def test_evaluation_is_the_official_one():
+    from sage_jax.data.sources import SPECS
+    c = _preset()
+    assert c.eval.template.startswith("chat:")
+    benches = [b.partition(":")[0] for b in c.eval.benchmarks.split(",")]
+    got = {"k": c.eval.n, "temperature": c.eval.temperature, "top_p": c.eval.top_p,
+           "max_new_tokens": c.eval.max_new_tokens, "eval_limit": c.eval.num_problems or None,
+           "user": c.eval.template.removeprefix("chat:"),  # the user turn of the model's own chat template
+           "datasets": tuple(SPECS[b].hub_repo for b in benches)}
+    wrong = {k: (v, got[k]) for k, v in OFFICIAL_EVAL.items() if k not in EVAL_DEVIATIONS and got[k] != v}
+    assert not wrong, f"differs from {SOURCE} (official, resolved): {wrong}"
+    assert got["datasets"] == ("HuggingFaceH4/MATH-500", "GAIR-NLP/AIME-Preview", "math-ai/amc23",
+                               "math-ai/minervamath")
+
+
+# The official SFT stage for base models (configs/train_config.yaml `sft:`, `model.max_seq_len: 8192`;
+# src/train/common.py run_sft_if_needed, format_sft_example, CHAT_TEMPLATE), same commit.
+OFFICIAL_SFT = {
+    "dataset": "unsloth/OpenMathReasoning-mini:cot", "answer_filter": "pd.to_numeric(expected_answer) not null",
+    "max_tokens": 8192 // 2, "loss_on": "all",  # SFTTrainer on dataset_text_field="text": every token
+    "num_epochs": 2, "learning_rate": 2e-4, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
+    "warmup_steps": 5, "lr_scheduler_type": "linear", "weight_decay": 0.01, "optim": "adamw_8bit", "seed": 42,
+    "lora_rank": 8, "lora_alpha": 16,
+}
+SFT_DEVIATIONS = {"optim": DEVIATIONS["optimizer"]}
+
+
+def test_sft_stage_is_the_official_one():
+    c = _preset("qwen_math_sft")
+    opt, lora = config_lib.optim_config(c), config_lib.lora_config(c)
+    got = {
+        "dataset": {"openmathreasoning_mini": "unsloth/OpenMathReasoning-mini"}.get(c.data.name, c.data.name)
+        + ":" + c.data.train_split,
+        "answer_filter": "pd.to_numeric(expected_answer) not null" if c.data.name == "openmathreasoning_mini" else "",
+        "max_tokens": c.data.max_sft_tokens if c.data.sft_drop_longer else None, "loss_on": c.data.sft_loss_on,
+        "num_epochs": c.data.num_epochs, "learning_rate": opt.learning_rate,
+        "per_device_train_batch_size": c.data.batch_size, "gradient_accumulation_steps": 1,
+        "warmup_steps": opt.warmup_steps, "lr_scheduler_type": opt.schedule, "weight_decay": opt.weight_decay,
+        "optim": "adamw", "seed": c.seed, "lora_rank": lora.rank, "lora_alpha": lora.alpha,
+    }
+    wrong = {k: (v, got[k]) for k, v in OFFICIAL_SFT.items() if k not in SFT_DEVIATIONS and got[k] != v}
+    assert not wrong, f"differs from {SOURCE} (official, resolved): {wrong}"
+    assert c.mode == "sft" and c.model.path == "Qwen/Qwen2.5-Math-7B" and c.data.template == "official_base"
+    rl = _preset("qwen_math,nokl")
+    assert (rl.mode, rl.data.template, rl.rl.beta, rl.sage.guide) == ("rl", "official_base", 0.0, "none")
+    with pytest.raises(ValueError, match="unknown variant 'qwen'"):
+        _preset("qwen")
+
+
+def test_official_base_template_is_the_official_chat_template():
+    """Our `official_base` prompt equals the official CHAT_TEMPLATE rendered by jinja with
+    add_generation_prompt, and prompt + OMR-mini solution + EOS equals its rendered SFT text."""
+    jinja2 = pytest.importorskip("jinja2")
+    from sage_jax.data import sources
+    from sage_jax.data.templates import format_prompt
+
+    chat_template = (  # src/train/common.py CHAT_TEMPLATE with its two placeholders substituted
+        "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + eos_token }}"
+        "{% set loop_messages = messages[1:] %}{% else %}{{ 'SYS' + eos_token }}{% set loop_messages = messages %}"
+        "{% endif %}{% for message in loop_messages %}{% if message['role'] == 'user' %}{{ message['content'] }}"
+        "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_working_out>' }}{% endif %}")
+    tok = type("Tok", (), {"eos_token": "<|endoftext|>"})()
+    problem = "Find $x$ if $2x = 6$."
+    row = {"problem": problem, "generated_solution": "<think>\nHalve it.\n</think>\nSo x = 3.",
+           "expected_answer": "3"}
+    official_assistant = "<start_working_out>" + "Halve it.\n</think>\nSo x = 3.".replace("</think>", "").strip() \
+        + "<end_working_out><SOLUTION>3</SOLUTION>"
+    msgs = [{"role": "system", "content": OFFICIAL_SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+    render = lambda m, gen: jinja2.Template(chat_template).render(messages=m, eos_token=tok.eos_token,
+                                                                     add_generation_prompt=gen)
+    ours = format_prompt(problem, "official_base", tok)
+    assert ours == render(msgs, True)
+    rec = sources._omr_mini(row, 1)
+    assert ours + rec["solution"] + tok.eos_token == render(msgs + [{"role": "assistant",
+                                                                      "content": official_assistant}], False)
+    assert sources._omr_mini({**row, "expected_answer": "\\frac{1}{2}"}, 2) is None
+
+
+def test_numeric_answer_filter_is_pandas_to_numeric():
+    """Expected values from pandas 2.x: pd.to_numeric(pd.Series([x]), errors="coerce").notnull()."""
+    from sage_jax.data.sources import _is_number
+    pandas_says = {"3": True, "3.5": True, "-2": True, "1e5": True, " 7 ": True, "inf": True, "+5": True, ".5": True,
+                   "nan": False, "1/2": False, "\\frac{1}{2}": False, "1_000": False, "0x10": False, "": False,
+                   "1,000": False, "\u0661": False}
+    assert {x: _is_number(x) for x in pandas_says} == pandas_says
+
+
+def _write_omr(manual):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows = [{"problem": f"What is {a}+{a}?", "generated_solution": f"<think>{a} and {a} make {2 * a}.</think>",
+             "expected_answer": str(2 * a), "problem_type": "x"} for a in range(1, 4)]
+    rows += [{"problem": "Simplify.", "generated_solution": "half", "expected_answer": "\\frac{1}{2}",
+              "problem_type": "x"},  # not numeric: left out by the official filter
+             {"problem": "Long one?", "generated_solution": "w" * 400, "expected_answer": "1",
+              "problem_type": "x"}]  # over max_sft_tokens: dropped and counted
+    (manual / "openmathreasoning_mini" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows),
+                   manual / "openmathreasoning_mini" / "data" / "cot-00000-of-00001.parquet")
+
+
+def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
+    """scripts/sage_official_qwen_math.sh on the shipped tiny model: the SFT stage (numeric filter, long rows
+    dropped and counted, 2 epochs, loss on every token) then RL at lr 0 from its adapter: RL's exported
+    adapter is the SFT's, bit for bit, and the KL to the reference (the raw base) is not 0."""
+    import json
+    import subprocess
+    import sys
+
+    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.models import hf
+    from sage_jax.models import safetensors_io as st
+    from sage_jax.data.templates import OFFICIAL_SYSTEM_PROMPT as sys_prompt
+    _write_data(tmp_path / "manual")
+    _write_omr(tmp_path / "manual")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHON=sys.executable,
+               SFT_FLAGS="--config.data.max_sft_tokens=400 --config.log_every=1",
+               RL_FLAGS="--config.max_steps=1 --config.optim.learning_rate=0.0 --config.data.max_prompt_tokens=320 "
+                        "--config.rollout.max_new_tokens=16")
+    env.pop("XLA_FLAGS", None)
+    common = [f"--config.model.path={TINY_BASE}", f"--config.data.manual_dir={tmp_path / 'manual'}",
+              f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.checkpoint_every=0",
+              "--config.logging.progress=False", "--config.logging.tensorboard=False", "--config.rl.logp_chunk=64"]
+    p = subprocess.run(["bash", "scripts/sage_official_qwen_math.sh", str(tmp_path / "w"), *common], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert "1 of 4 SFT rows are longer than data.max_sft_tokens=400" in p.stderr, p.stderr[-3000:]
+    sft_rows = [json.loads(x) for x in (tmp_path / "w" / "sft" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in sft_rows if "train/loss" in r]
+    assert [r["step"] for r in train] == list(range(1, 7))  # 2 epochs x 3 rows, batch 1
+    tok = hf.load_tokenizer(TINY_BASE)
+    eos = tok.eos_token
+    full = {len(tok(sys_prompt + eos + f"What is {a}+{a}?<start_working_out>{a} and {a} make {2 * a}."
+                    f"<end_working_out><SOLUTION>{2 * a}</SOLUTION>", add_special_tokens=False)["input_ids"]) + 1
+            for a in range(1, 4)}
+    assert {r["train/tokens"] for r in train} <= {n - 1 for n in full}  # every token after the first is a target
+    rl_rows = [json.loads(x) for x in (tmp_path / "w" / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/kl"] > 0 for r in rl_rows if "train/kl" in r] == [True]
+    a = st.SafetensorsFile(str(tmp_path / "w" / "sft" / "export_peft" / hf.ADAPTER_FILE))
+    b = st.SafetensorsFile(str(tmp_path / "w" / "rl" / "export_peft" / hf.ADAPTER_FILE))
+    assert sorted(a.keys()) == sorted(b.keys()) and len(a.keys()) % 14 == 0  # A, B x 7 targets per layer
+    assert any(np.abs(a[k]).max() > 0 for k in a.keys() if "lora_B" in k)  # SFT moved the adapter
+    for k in a.keys():
+        np.testing.assert_array_equal(a[k], b[k])

@@ -59,7 +59,7 @@ def dump_prompts(seed: int, data_dir: str, path: Path) -> None:
     from sage_jax.models import hf
     c = _config(seed, data_dir)
     s = types.SimpleNamespace(workdir=str(path.parent), tokenizer=hf.load_tokenizer(TINY_BASE))
-    it = train.prompt_iterator(c, s, c.data.train_split, c.seed)
+    it = train.prompt_iterator(c, s, train.train_source(c, s, c.data.train_split), c.seed)
     rows = []
     for _ in range(STEPS):
         b = next(it)

@@ -95,6 +95,11 @@ class DapoMath17kEn(_FileBuilder):
     SPEC = SPECS["dapo_math_17k_en"]
 
 
+class OpenMathReasoningMini(_FileBuilder):
+    name = "openmathreasoning_mini"
+    SPEC = SPECS["openmathreasoning_mini"]
+
+
 class Math500(_FileBuilder):
     name = "math500"
     SPEC = SPECS["math500"]
@@ -108,6 +113,11 @@ class Aime2024(_FileBuilder):
 class Aime2025(_FileBuilder):
     name = "aime2025"
     SPEC = SPECS["aime2025"]
+
+
+class Aime2024And2025(_FileBuilder):
+    name = "aime_2024_2025"
+    SPEC = SPECS["aime_2024_2025"]
 
 
 class Amc23(_FileBuilder):
@@ -200,8 +210,8 @@ class ProceduralArithmetic(_Builder):
 
 
 BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
-    b.name: b for b in (DapoMath17k, DapoMath17kEn, Math500, Aime2024, Aime2025, Amc23, MinervaMath,
-                        ProceduralArithmetic)
+    b.name: b for b in (DapoMath17k, DapoMath17kEn, OpenMathReasoningMini, Math500, Aime2024, Aime2025,
+                        Aime2024And2025, Amc23, MinervaMath, ProceduralArithmetic)
 }
 
 

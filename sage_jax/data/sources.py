@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 RECORD_FIELDS = ("id", "problem", "answer", "solution", "source", "subject", "level")
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -53,6 +56,12 @@ class SourceSpec:
     fields: str  # human-readable field list for error messages and docs
     to_record: Callable[[dict, int], dict]  # (lower-cased row, 1-based row number) -> record
     description: str = ""
+    url_base: str = ""  # files not on the HF hub: fetched from f"{url_base}/{file}" instead
+
+    def urls(self) -> list[str]:
+        if self.url_base:
+            return [f"{self.url_base}/{f}" for f in self.hub_files]
+        return [f"https://huggingface.co/datasets/{self.hub_repo}/blob/main/{f}" for f in self.hub_files]
 
 
 # ----------------------------------------------------------------------------- field helpers
@@ -125,6 +134,34 @@ def _dapo_processed(row: dict, n: int) -> dict:
             "answer": answer_text(answer), "solution": "", "subject": "", "level": 0}
 
 
+def _is_number(text: str) -> bool:
+    """What the official SFT filter keeps: `pd.to_numeric(..., errors="coerce").notnull()`."""
+    text = str(text).strip()
+    try:
+        # float() also takes "1_000" and non-ASCII digits, which pandas does not
+        return text.isascii() and "_" not in text and not math.isnan(float(text))
+    except ValueError:
+        return False
+
+
+def _omr_mini(row: dict, n: int) -> dict | None:
+    """unsloth/OpenMathReasoning-mini (split cot) as the official SFT stage uses it: rows whose
+    `expected_answer` is a number; `solution` is the assistant turn after the generation prompt
+    `<start_working_out>`: the worked solution (its `<think>` tags removed), `<end_working_out>`, then the
+    answer between `<SOLUTION></SOLUTION>`. Other rows: None (skipped, and counted by `iter_records`)."""
+    from sage_jax.data.templates import REASONING_END, SOLUTION_END, SOLUTION_START
+
+    answer = str(_require(_get(row, "expected_answer"), "expected_answer", row))
+    if not _is_number(answer):
+        return None
+    problem = str(_require(_get(row, "problem"), "problem", row))
+    thoughts = str(_require(_get(row, "generated_solution"), "generated_solution", row))
+    thoughts = thoughts.replace("<think>", "").replace("</think>", "").strip()
+    return {"id": str(n), "problem": problem, "answer": answer,
+            "solution": thoughts + REASONING_END + SOLUTION_START + answer + SOLUTION_END,
+            "subject": str(_get(row, "problem_type", default="") or ""), "level": 0}
+
+
 def _generic(row: dict, n: int) -> dict:
     """MATH-500 / AIME / AMC / Minerva: the common field-name variants, case-insensitively."""
     problem = _require(_get(row, "problem", "question", "prompt"), "problem", row)
@@ -160,6 +197,10 @@ SPECS: dict[str, SourceSpec] = {
             "DAPO-Math-17k-Processed, config en (about 14.1k English problems): the official SAGE code's "
             "training set."),
         SourceSpec(
+            "openmathreasoning_mini", "unsloth/OpenMathReasoning-mini", ("data/cot-00000-of-00001.parquet",),
+            "cot", "problem, generated_solution, expected_answer (rows with a numeric one are kept)",
+            _omr_mini, "OpenMathReasoning-mini, split cot: the official SFT stage's data (Qwen2.5-Math-7B)."),
+        SourceSpec(
             "math500", "HuggingFaceH4/MATH-500", ("test.jsonl",), "test",
             "problem, solution, answer, subject, level, unique_id", _generic,
             "MATH-500: the 500-problem MATH test subset of 'Let's Verify Step by Step'."),
@@ -171,8 +212,15 @@ SPECS: dict[str, SourceSpec] = {
             "aime2025", "math-ai/aime25", ("test.jsonl",), "test",
             "problem (or question), answer, id", _generic, "AIME 2025 I and II (30 problems)."),
         SourceSpec(
-            "amc23", "math-ai/amc23", ("test.jsonl",), "test",
-            "question (or problem), answer, id", _generic, "AMC 2023 (40 problems)."),
+            "aime_2024_2025", "GAIR-NLP/AIME-Preview",
+            ("eval/data/aime/test2024.jsonl", "eval/data/aime/test2025-I.jsonl",
+             "eval/data/aime/test2025-II.jsonl"), "test",
+            "id, problem, answer", _generic,
+            "AIME 2024 and 2025 pooled (60 problems), as the official SAGE evaluation reads them.",
+            url_base="https://raw.githubusercontent.com/GAIR-NLP/AIME-Preview/main"),
+        SourceSpec(
+            "amc23", "math-ai/amc23", ("test-00000-of-00001.parquet",), "test",
+            "question (or problem), answer (a float such as 27.0), id", _generic, "AMC 2023 (40 problems)."),
         SourceSpec(
             "minerva_math", "math-ai/minervamath", ("test.jsonl",), "test",
             "question (or problem), answer (or gold / final_answer; else the solution's last "
@@ -229,7 +277,8 @@ def records_from_file(spec: SourceSpec, path: Path) -> Iterator[dict]:
             raise DataFormatError(
                 f"{path}: row {n}: {msg}; expected fields for {spec.name}: {spec.fields}"
             ) from e
-        rec["source"] = spec.name
+        if rec is not None:
+            rec["source"] = spec.name
         yield rec
 
 
@@ -257,9 +306,7 @@ def find_local_files(spec: SourceSpec, manual_dir: str | os.PathLike | None) -> 
 def missing_message(spec: SourceSpec, manual_dir: str | os.PathLike | None, why: str = "") -> str:
     d = manual_subdir(spec, manual_dir or "~/tensorflow_datasets/downloads/manual")
     wanted = ", ".join(str(d / Path(f).name) for f in spec.hub_files)
-    urls = ", ".join(
-        f"https://huggingface.co/datasets/{spec.hub_repo}/blob/main/{f}" for f in spec.hub_files
-    )
+    urls = ", ".join(spec.urls())
     return (
         f"{spec.name}: data file not found. Place {wanted} (download it from {urls}; "
         f"fields: {spec.fields}), or any .parquet/.jsonl/.json file with those fields in {d}/"
@@ -273,7 +320,20 @@ def offline() -> bool:
 
 
 def fetch_from_hub(spec: SourceSpec, download_dir: str | os.PathLike) -> list[Path]:
-    """Download the release files from the Hugging Face hub (raises on any failure)."""
+    """Download the release files from the Hugging Face hub, or `spec.url_base` (raises on any failure)."""
+    if spec.url_base:
+        import urllib.request
+
+        d = manual_subdir(spec, download_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        out = []
+        for url, f in zip(spec.urls(), spec.hub_files):
+            dest = d / Path(f).name
+            part = dest.with_name(dest.name + ".part")  # a broken download is never taken for the file
+            urllib.request.urlretrieve(url, part)
+            os.replace(part, dest)
+            out.append(dest)
+        return out
     from huggingface_hub import hf_hub_download
 
     out = []
@@ -314,9 +374,12 @@ def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dic
     seen_content: set[tuple[str, str]] = set()
     seen_ids: set[str] = set()
     for path in files:
-        rows = 0
+        rows = skipped = 0
         for rec in records_from_file(spec, path):
             rows += 1
+            if rec is None:  # a row the release's own filter drops (e.g. OMR-mini's non-numeric answers)
+                skipped += 1
+                continue
             content = (rec["problem"], rec["answer"])
             if content in seen_content:
                 continue
@@ -327,6 +390,10 @@ def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dic
             yield rec["id"], rec
         if rows == 0:
             raise DataFormatError(f"{path}: no rows (an empty {spec.name} file)")
+        if skipped:
+            log.info("%s: %d of %d rows skipped by %s's filter (%s)", path, skipped, rows, spec.name, spec.fields)
+        if skipped == rows:
+            raise DataFormatError(f"{path}: all {rows} rows fail {spec.name}'s filter ({spec.fields})")
 
 
 def decode_record(rec: Mapping[str, Any]) -> dict:

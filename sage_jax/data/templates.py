@@ -6,6 +6,10 @@
 - `plain`: `Q: {problem} A: ` (printable ASCII only, for the tiny character-level model).
 - `chat:<text with {problem}>`: the chat template, the user message being that text (e.g. an instruction
   after the problem, as DeepSeek-R1's card advises, with the model's own turn tokens and BOS).
+- `official_base`: the official SAGE code's chat template for base models (its CHAT_TEMPLATE, set on the
+  tokenizer before SFT and kept for RL): the official system prompt, EOS, the problem, then
+  `<start_working_out>` as the generation prompt. `official_base:<text with {problem}>` wraps the problem
+  first (the official evaluation's user turn, `OFFICIAL_EVAL_USER`).
 - any other string containing `{problem}`: used as a plain format string (no chat template).
 
 Without a tokenizer (or one without a chat template), `chat` / `sage` fall back to plain text
@@ -38,9 +42,23 @@ R1_TEMPLATE = (
     "User: {problem}\nAssistant: <think>"
 )
 
+# The official SAGE code's evaluation user turn (src/data/loaders.py), after its system prompt.
+OFFICIAL_EVAL_USER = "Problem: {problem}\n\nSolve this step by step and provide your final numerical answer."
+
 PLAIN_TEMPLATE = "Q: {problem} A: "
 
-TEMPLATES = ("chat", "sage", "r1", "plain")
+TEMPLATES = ("chat", "sage", "r1", "plain", "official_base")
+
+# The official reasoning and answer tags (src/train/common.py).
+REASONING_START, REASONING_END = "<start_working_out>", "<end_working_out>"
+SOLUTION_START, SOLUTION_END = "<SOLUTION>", "</SOLUTION>"
+
+
+def _official_base(problem: str, tokenizer: Any, system_prompt: str | None) -> str:
+    """The official CHAT_TEMPLATE with add_generation_prompt: system + EOS, the user turn raw, then the
+    reasoning tag. (Its SFT text continues with the assistant turn and EOS: see sources' OMR-mini records.)"""
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    return (system_prompt or OFFICIAL_SYSTEM_PROMPT) + eos + problem + REASONING_START
 
 
 def _chat(problem: str, tokenizer: Any, system_prompt: str | None) -> str:
@@ -62,6 +80,11 @@ def format_prompt(
         return _chat(template[len("chat:"):].replace("{problem}", problem), tokenizer, system_prompt)
     if template == "sage":
         return _chat(problem, tokenizer, system_prompt or SAGE_SYSTEM_PROMPT)
+    if template == "official_base":
+        return _official_base(problem, tokenizer, system_prompt)
+    if template.startswith("official_base:"):
+        return _official_base(template[len("official_base:"):].replace("{problem}", problem), tokenizer,
+                              system_prompt)
     if template == "r1":
         return R1_TEMPLATE.replace("{problem}", problem)
     if template == "plain":

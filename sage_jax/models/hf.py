@@ -297,6 +297,35 @@ def save_peft_adapter(model: Decoder, out_dir: str, base_path: str) -> str:
     return out_dir
 
 
+def load_peft_adapter(model: Decoder, path: str) -> None:
+    """Loads a PEFT adapter dir (ours from `save_peft_adapter`, or PEFT's own) into `model`'s adapters, in
+    place. Its rank, alpha and targets must equal the model's (`model.lora`): one error line otherwise."""
+    if not lora_lib.has_lora(model):
+        raise ConfigError(f"{path}: an adapter to load, but the model has no LoRA adapters (set model.lora.rank)")
+    cfg_path, w_path = os.path.join(path, ADAPTER_CONFIG_FILE), os.path.join(path, ADAPTER_FILE)
+    for f in (cfg_path, w_path):
+        if not os.path.isfile(f):
+            raise CheckpointError(f"{f}: missing; a PEFT adapter dir holds {ADAPTER_CONFIG_FILE} and {ADAPTER_FILE}")
+    with open(cfg_path) as f:
+        saved = json.load(f)
+    want = peft_config_fields(model.lora_cfg)
+    for k, v in want.items():
+        got = saved.get(k)
+        if (sorted(got or []) if k == "target_modules" else got) != v:
+            raise ConfigError(f"{cfg_path}: {k}={got!r} but model.lora gives {v!r}")
+    try:
+        f = st.SafetensorsFile(w_path)
+        lora_lib.set_from_peft(model, {k: f[k] for k in f.keys()}, where=w_path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def peft_config_fields(cfg) -> dict:
+    """The adapter_config.json fields that decide the adapters' shapes and scale."""
+    full = lora_lib.peft_config(cfg, "")
+    return {k: full[k] for k in ("r", "lora_alpha", "target_modules")}
+
+
 # Tokenizers saved from a bare `tokenizers` object: their tokenizer.json is the whole definition.
 _GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 

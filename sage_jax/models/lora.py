@@ -180,6 +180,35 @@ def peft_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
+def set_from_peft(model, tensors, where: str = "adapter") -> None:
+    """Loads PEFT-layout adapters (the inverse of `peft_tensors`) into `model`'s adapters, in place.
+
+    Every adapter of the model must be in `tensors` with its exact shape, and `tensors` must hold nothing
+    else: a rank or target mismatch is one error naming the key, never a partial load."""
+    expected = set()
+    for i, t, _, lora in iter_adapters(model):
+        key = f"base_model.model.model.layers.{i}.{TARGETS[t][2]}"
+        a_key, b_key = f"{key}.lora_A.weight", f"{key}.lora_B.weight"
+        expected |= {a_key, b_key}
+        r = lora.a.shape[-1]
+        want = {a_key: (r, math.prod(lora.a.shape[:-1])), b_key: (math.prod(lora.b.shape[1:]), r)}
+        for k, shape in want.items():
+            if k not in tensors:
+                raise ValueError(f"{where}: no tensor {k!r} (the model's adapters: rank {r}, targets "
+                                 f"{model.lora_cfg.targets})")
+            if tuple(tensors[k].shape) != shape:
+                raise ValueError(f"{where}: {k!r} has shape {tuple(tensors[k].shape)}, the model's adapter "
+                                 f"needs {shape} (model.lora.rank={r})")
+        a = np.asarray(tensors[a_key], np.float32).T.reshape(lora.a.shape)
+        b = np.asarray(tensors[b_key], np.float32).T.reshape(lora.b.shape)
+        lora.a[...] = jnp.asarray(a, lora.a.dtype)
+        lora.b[...] = jnp.asarray(b, lora.b.dtype)
+    extra = sorted(set(tensors) - expected)
+    if extra:
+        raise ValueError(f"{where}: {len(extra)} tensor(s) the model has no adapter for, e.g. {extra[0]!r} "
+                         f"(model.lora.targets={model.lora_cfg.targets})")
+
+
 def peft_config(cfg: LoRAConfig, base_model_path: str) -> dict:
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_path,
