@@ -163,6 +163,7 @@ def init_train_state_sharded(model, cfg: RLConfig, tx: optax.GradientTransformat
     materialising only its shards), or a Decoder whose params are already placed (`hf.load(..., mesh=mesh)`):
     those are kept and only the optimizer state and the reference copy are created, directly sharded.
     """
+    mesh = shd.as_auto(mesh)  # jax.make_mesh's default Explicit axes: the same devices, Auto
     if callable(model) and not isinstance(model, nnx.Module):
         graphdef = nnx.graphdef(nnx.eval_shape(model))
         return graphdef, shd.born_sharded(lambda: init_train_state(model(), cfg, tx, seed)[1], mesh, rules)
@@ -403,6 +404,7 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
 
 def make_rl_step(graphdef, cfg: RLConfig, tx, lr_fn, reward_host: HostReward, mesh=None):
     """The jitted step (state donated): `step_fn(state, batch) -> (state, metrics)`."""
+    mesh = None if mesh is None else shd.as_auto(mesh)
     fn = functools.partial(rl_step, graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lr_fn, reward_host=reward_host,
                            mesh=mesh)
     return jax.jit(fn, donate_argnums=0)

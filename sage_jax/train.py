@@ -315,6 +315,7 @@ def run(c, workdir: str) -> dict[str, Any]:
     """Trains per `c.mode` ('rl' or 'sft') in `workdir`, resuming from its checkpoints. Returns a summary."""
     os.makedirs(workdir, exist_ok=True)
     s = build_setup(c, workdir)
+    source = train_source(c, s, c.data.train_split)  # bad data stops the run before the model loads
     is_main = jax.process_index() == 0
     dtype, pdtype = config_lib.model_dtypes(c)
     model, _ = hf.load(c.model.path, dtype=dtype, mesh=s.mesh, param_dtype=pdtype)
@@ -324,7 +325,6 @@ def run(c, workdir: str) -> dict[str, Any]:
         if c.model.lora.init_from:  # e.g. the SFT stage's adapter, which RL continues (the reference stays the base)
             hf.load_peft_adapter(model, c.model.lora.init_from)
 
-    source = train_source(c, s, c.data.train_split)
     if c.mode == "sft" and c.data.num_epochs:  # the schedule's length comes from the data
         c.max_steps = c.data.num_epochs * (len(source) // c.data.batch_size)
         log.info("data.num_epochs=%d over %d rows in batches of %d: max_steps=%d", c.data.num_epochs,

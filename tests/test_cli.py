@@ -41,6 +41,20 @@ def test_bad_flags_and_values(tmp_path, flags, words):
     assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
+def test_one_long_prompt_late_in_the_data_is_found_before_the_model_loads(tmp_path):
+    """One row of 200, far past the first batch, is over the limit: named (row and id) before any step."""
+    import json
+    rows = [{"problem": ("9" * 300 if i == 150 else f"{i}+1"), "answer": str(i + 1), "unique_id": f"p{i}"}
+            for i in range(200)]
+    (tmp_path / "m" / "math500").mkdir(parents=True)
+    (tmp_path / "m" / "math500" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.name=math500",
+                "--config.data.train_split=test", f"--config.data.manual_dir={tmp_path / 'm'}",
+                "--config.eval.benchmarks=math500:test", "--config.data.max_prompt_tokens=64")
+    assert "1 prompt(s) of math500:test are longer, the first at row 150 (id p150" in line, line
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
 def test_missing_config_file(tmp_path):
     assert "no such config file" in _cli(str(tmp_path / "w"), config="configs/nope.py")
 

@@ -1,4 +1,4 @@
-"""`hf.load` and the sampler accept a mesh from `jax.make_mesh` with its default (Explicit) axis types, which
+"""`hf.load`, the sampler and the RL step accept a mesh from `jax.make_mesh` with its default (Explicit) axis types, which
 used to crash the first forward with a ShardingTypeError; a mesh with other axis names is refused in one line.
 Runs in a subprocess with 4 fake CPU devices (the device count is fixed when JAX starts)."""
 
@@ -22,6 +22,21 @@ assert np.abs(got - ref).max() < 1e-4, np.abs(got - ref).max()
 tok = hf.load_tokenizer(TINY_BASE)
 s = TextSampler(model, tok, SamplingConfig(max_new_tokens=8, temperature=0.0, eos_ids=(2,), pad_id=0), batch_size=4, mesh=mesh)
 assert len(s.generate(["Compute 1+2."], n=4, seed=0)[0]) == 4
+# training on it: the sharded train state and one fused RL step (sampling, reference, update)
+import jax.numpy as jnp
+from sage_jax import losses, optim
+from sage_jax import rl_step as R
+from sage_jax.reward_host import HostReward, encode_answers
+from sage_jax.sampling import left_pad
+cfg = R.RLConfig(group_size=2, sampling=SamplingConfig(max_new_tokens=6, eos_ids=(2,), pad_id=0),
+                 loss=losses.LossConfig(beta=0.04))
+tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-3))
+graphdef, state = R.init_train_state_sharded(model, cfg, tx, 0, mesh)
+step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(tok, lambda c, a: np.ones(len(c), np.float32)), mesh)
+p, m = left_pad([tok(x, add_special_tokens=False)["input_ids"] for x in ["1+2=", "3*4="]], 0)
+state, metrics = step(state, dict(prompt=jnp.asarray(p), prompt_mask=jnp.asarray(m),
+                                  answer=jnp.asarray(encode_answers(tok, ["3", "12"], 4))))
+assert int(state.step) == 1 and np.isfinite(float(metrics["train/loss"])), metrics
 try:
     hf.load(TINY_BASE, mesh=jax.make_mesh((2, 2), ("x", "y")))
     raise SystemExit("a mesh with other axis names was accepted")

@@ -122,13 +122,39 @@ def test_pathological_batch_returns_in_time_with_zeros():
         assert stats.timeouts == 0
 
 
+COSTLY = ["(10^{6})!", "999999^{999999}", "\\binom{9999999}{4999999}", "10^{10^{10}}", "99999!", "3^{123456789}",
+          "2^3^4", "{(2^{20})}!", "12345^{9999}"]
+CHEAP = ["2^{10}", "10^{100}", "5!", "(3+4)!", "\\binom{10}{3}", "x^{2}", "2^{64}", "1.5 \\times 10^{33}", "e^{i\\pi}",
+         "n!", "(2n)!", "3 != 4", "\\frac{10!}{3!7!}", "4.5 \\times 10^{-33}", "(1+x)^{2024}", "7^{1000}", "1000!",
+         "(100)!"]
+
+
+def test_too_costly_flags_unbounded_answers_and_passes_real_ones():
+    from sage_jax.verifier_pool import too_costly
+    assert [a for a in COSTLY if not too_costly(a)] == []
+    assert [a for a in CHEAP if too_costly(a)] == []
+
+
+def test_text_mode_is_guarded_like_boxed_mode():
+    """The official reward parses the whole completion: hostile text there is rejected, not parsed."""
+    with R.VerifierPool(num_workers=2, timeout_s=2.0) as p:
+        hostile = [f"so the answer is ${a}$" for a in COSTLY]
+        t0 = time.monotonic()
+        got, stats = p.verify(hostile, ["3"] * len(hostile), mode="text")
+        assert time.monotonic() - t0 < 2.0 and not got.any()
+        assert stats.rejected == len(hostile) and stats.timeouts == 0
+        got, _ = p.verify(["so the answer is $7$", "we get $2^{10}$"], ["7", "1024"], mode="text")
+        np.testing.assert_array_equal(got, [1.0, 1.0])
+
+
 def test_hostile_text_costs_a_small_multiple_of_clean_text(pool):
     """Verification time of a batch of hostile completions (power towers in every spelling, thousands of
     unclosed boxes, megabytes of text) stays within a small multiple of a clean batch's: nothing reaches the
     parser that could hold a worker for the whole timeout."""
     clean = [f"Work ... so the answer is \\boxed{{{i}}}." for i in range(64)]
     towers = ["\\boxed{10^{10^{10}}}", "\\boxed{{9}^{{9}^{9}}}", "\\boxed{2^3^4^5}", "\\boxed{(9)^((9)^(9^9))}",
-              "the answer is 9^{9^{9^9}}", "\\boxed{99999!}", "\\boxed{3^{123456789}}"]
+              "the answer is 9^{9^{9^9}}", "\\boxed{99999!}", "\\boxed{3^{123456789}}", "\\boxed{(10^{6})!}",
+              "\\boxed{999999^{999999}}", "\\boxed{\\binom{9999999}{4999999}}"]
     hostile = [towers[i % len(towers)] for i in range(32)] + ["x \\boxed{" * 4000] * 16 + ["\\boxed{" + "{" * 20000] * 16
     pool.verify(clean[:4], [str(i) for i in range(4)])  # workers up
     t0 = time.monotonic()
