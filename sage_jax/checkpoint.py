@@ -30,6 +30,10 @@ def _to_saveable(state) -> dict[str, Any]:
     return tree
 
 
+class RestoreError(RuntimeError):
+    """Checkpoints exist but none restores: damaged, or written by another config."""
+
+
 class Checkpointer:
     def __init__(self, directory: str, keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
@@ -57,12 +61,14 @@ class Checkpointer:
         propagates (a checkpoint of another model is an error, not a corrupt file to skip)."""
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                               _to_saveable(template_state))
+        bad: list[tuple[int, str]] = []  # (step, why) of the newer steps that did not restore
         for step in reversed(self.all_steps()):
             try:
                 meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             except Exception as e:
                 log.warning("checkpoint metadata at step %d in %s could not be read (%s); trying the previous one",
                             step, self.directory, type(e).__name__)
+                bad.append((step, f"metadata unreadable ({type(e).__name__})"))
                 continue
             if check_meta is not None:
                 check_meta(dict(meta))
@@ -70,15 +76,26 @@ class Checkpointer:
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
             except Exception as e:  # corrupted or incomplete: fall back to an older one
-                log.warning("checkpoint at step %d in %s could not be restored (%s: %s); trying the previous one",
-                            step, self.directory, type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-                self._quarantine(step)
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                log.warning("checkpoint at step %d in %s could not be restored (%s); trying the previous one",
+                            step, self.directory, why)
+                bad.append((step, why))
                 continue
+            # An older step restored, so the config fits these checkpoints and the newer ones are damaged:
+            # move them aside, so that the run writes good ones where they were.
+            for b, _ in bad:
+                self._quarantine(b)
             tree = out["state"]
             key = jax.random.wrap_key_data(tree["rng"], impl=jax.random.key_impl(template_state.rng))
             state = template_state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"],
                                            rng=key)
             return state, dict(out["meta"])
+        if bad:  # nothing restores: damage or another config, no telling which; never discard them silently
+            step, why = bad[0]
+            raise RestoreError(
+                f"{self.directory}: none of the {len(bad)} checkpoint(s) restores into this config's state (newest, "
+                f"step {step}: {why}); if they are damaged move the directory aside to start over, if they are "
+                "another run's use another --workdir")
         return None
 
     def _quarantine(self, step: int) -> None:

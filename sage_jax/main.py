@@ -20,6 +20,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, met
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from sage_jax.checkpoint import RestoreError
     from sage_jax.config_lib import ConfigValidationError
     from sage_jax.data.sources import DataConfigError, DataFormatError, ManualFileMissingError
     from sage_jax.models.config import ConfigError
@@ -28,7 +29,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from sage_jax.evaluate import SettingsMismatchError
     from sage_jax.metric_writer import MetricsFileError
     return (ConfigValidationError, ConfigError, CheckpointError, SafetensorsError, DataFormatError,
-            ManualFileMissingError, SettingsMismatchError, MetricsFileError, DataConfigError)
+            ManualFileMissingError, SettingsMismatchError, MetricsFileError, DataConfigError, RestoreError)
 
 
 def _report(summary: dict) -> None:

@@ -225,6 +225,31 @@ def test_corrupted_latest_checkpoint_is_skipped(base, data_dir, tmp_path):
     assert {"6", "7"} <= set(os.listdir(os.path.join(w, "checkpoints")))
     summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
     assert summary["start_step"] == 7 and "could not be restored" not in proc.stderr
+    # unreadable metadata is damage too: moved aside, and step 7 written anew
+    for root, _, files in os.walk(os.path.join(w, "checkpoints", "7", "meta")):
+        for f in files:
+            open(os.path.join(root, f), "w").write("{not json")
+    summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
+    assert summary["start_step"] == 6 and "metadata at step 7" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(os.listdir(os.path.join(w, "checkpoints.corrupt"))) == ["6", "7"]
+    assert "7" in os.listdir(os.path.join(w, "checkpoints"))
+
+
+def test_checkpoints_that_all_fail_to_restore_are_kept_and_refused(base, data_dir, tmp_path):
+    """No checkpoint restores (damaged, or another config's): one line, and nothing is moved or truncated."""
+    w = str(tmp_path / "all_bad")
+    _run(_cmd(w, base, data_dir, steps=3, reward="exact_match"))
+    for root, _, files in os.walk(os.path.join(w, "checkpoints", "3", "state")):
+        for f in files:
+            with open(os.path.join(root, f), "r+b") as fh:
+                fh.truncate(0)
+    metrics = open(os.path.join(w, "metrics.jsonl")).read()
+    p = subprocess.run(_cmd(w, base, data_dir, steps=4, reward="exact_match"), env=_env(0), capture_output=True,
+                       text=True, timeout=300)
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 2 and len(err) == 1 and "none of the 1 checkpoint(s) restores" in err[0], p.stderr[-2000:]
+    assert os.listdir(os.path.join(w, "checkpoints")) == ["3"] and not os.path.exists(w + "/checkpoints.corrupt")
+    assert open(os.path.join(w, "metrics.jsonl")).read() == metrics
 
 
 def test_cli_config_error_is_one_line(base, data_dir, tmp_path):
