@@ -75,6 +75,17 @@ def test_model_dir_without_tokenizer(tmp_path):
     assert str(model) in line and "tokenizer" in line
 
 
+def test_tokenizer_larger_than_the_vocabulary(tmp_path):
+    import json
+    model = tmp_path / "model"
+    shutil.copytree(TINY_BASE, model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["vocab_size"] -= 8  # the tokenizer's last ids have no embedding row
+    (model / "config.json").write_text(json.dumps(cfg))
+    line = _cli(str(tmp_path / "w"), f"--config.model.path={model}")
+    assert str(model) in line and "tokenizer has" in line and f"vocab_size is {cfg['vocab_size']}" in line, line
+
+
 def test_a_prompt_too_long_is_found_before_the_first_step(tmp_path):
     line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.max_prompt_tokens=36")
     assert "data.max_prompt_tokens=36" in line and "row" in line and "procedural_arithmetic:train" in line
