@@ -102,17 +102,23 @@ def test_misread_export_is_detected(tmp_path, caplog):
     assert any("Qwen2Tokenizer" in r.getMessage() for r in caplog.records)
 
 
-def test_transformers_greedy_generate_matches_our_sampler():
-    """The shipped base through AutoTokenizer + AutoModelForCausalLM.generate (greedy) writes the same text as
-    this project's sampler at temperature 0, on several held-out prompts."""
+@pytest.mark.parametrize("which", ["shipped", "export"])
+def test_transformers_greedy_generate_matches_our_sampler(which, tmp_path):
+    """The shipped base, and a fresh export of it (what a run's export_hf holds), through AutoTokenizer +
+    AutoModelForCausalLM.generate (greedy) write the same text as this project's sampler at temperature 0,
+    on several held-out prompts."""
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sage_jax.data.templates import format_prompt
     from sage_jax.sampling import SamplingConfig, TextSampler
-    auto_tok = AutoTokenizer.from_pretrained(TINY_BASE)
-    auto_model = AutoModelForCausalLM.from_pretrained(TINY_BASE, dtype=torch.float32).eval()
-    ours = TextSampler(hf.load(TINY_BASE)[0], hf.load_tokenizer(TINY_BASE),
+    path = TINY_BASE
+    if which == "export":
+        model, cfg = hf.load(TINY_BASE)
+        path = hf.save(model, cfg, str(tmp_path / "export_hf"), tokenizer=hf.load_tokenizer(TINY_BASE))
+    auto_tok = AutoTokenizer.from_pretrained(path)
+    auto_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours = TextSampler(hf.load(path)[0], hf.load_tokenizer(path),
                        SamplingConfig(max_new_tokens=96, temperature=0.0, eos_ids=(2,), pad_id=0), batch_size=4)
     problems = ["Compute 3+4*2-5.", "Compute 9-2*3*4+1.", "Compute 7*6-5+4*3-2.", "Compute 2+2+2."]
     prompts = [format_prompt(p, "chat", auto_tok) for p in problems]
