@@ -71,7 +71,7 @@ class _FileBuilder(_Builder, skip_registration=True):
             builder=self,
             description=self.SPEC.description,
             features=record_features(),
-            homepage=f"https://huggingface.co/datasets/{self.SPEC.hub_repo}",
+            homepage=(self.SPEC.url_base or f"https://huggingface.co/datasets/{self.SPEC.hub_repo}"),
             disable_shuffling=True,  # keep the release's order (grain shuffles at read time)
         )
 
@@ -85,49 +85,13 @@ class _FileBuilder(_Builder, skip_registration=True):
         yield from iter_records(self.SPEC, files)
 
 
-class DapoMath17k(_FileBuilder):
-    name = "dapo_math_17k"
-    SPEC = SPECS["dapo_math_17k"]
+def _file_builder(name: str) -> type[_FileBuilder]:
+    """The builder class of `sources.SPECS[name]` (`DapoMath17k`, `Math500`, ...)."""
+    cls_name = "".join(part.capitalize() for part in name.split("_"))
+    return type(cls_name, (_FileBuilder,), {"name": name, "SPEC": SPECS[name], "__module__": __name__})
 
 
-class DapoMath17kEn(_FileBuilder):
-    name = "dapo_math_17k_en"
-    SPEC = SPECS["dapo_math_17k_en"]
-
-
-class OpenMathReasoningMini(_FileBuilder):
-    name = "openmathreasoning_mini"
-    SPEC = SPECS["openmathreasoning_mini"]
-
-
-class Math500(_FileBuilder):
-    name = "math500"
-    SPEC = SPECS["math500"]
-
-
-class Aime2024(_FileBuilder):
-    name = "aime2024"
-    SPEC = SPECS["aime2024"]
-
-
-class Aime2025(_FileBuilder):
-    name = "aime2025"
-    SPEC = SPECS["aime2025"]
-
-
-class Aime2024And2025(_FileBuilder):
-    name = "aime_2024_2025"
-    SPEC = SPECS["aime_2024_2025"]
-
-
-class Amc23(_FileBuilder):
-    name = "amc23"
-    SPEC = SPECS["amc23"]
-
-
-class MinervaMath(_FileBuilder):
-    name = "minerva_math"
-    SPEC = SPECS["minerva_math"]
+FILE_BUILDERS = {name: _file_builder(name) for name in SPECS}
 
 
 # ----------------------------------------------------------------------------- procedural
@@ -210,9 +174,7 @@ class ProceduralArithmetic(_Builder):
 
 
 BUILDERS: dict[str, type[tfds.core.GeneratorBasedBuilder]] = {
-    b.name: b for b in (DapoMath17k, DapoMath17kEn, OpenMathReasoningMini, Math500, Aime2024, Aime2025,
-                        Aime2024And2025, Amc23, MinervaMath, ProceduralArithmetic)
-}
+    **FILE_BUILDERS, ProceduralArithmetic.name: ProceduralArithmetic}
 
 
 def get_builder(
