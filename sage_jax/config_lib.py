@@ -86,6 +86,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.eps_high = 0.2
     c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
     c.rl.tis_cap = ml_collections.config_dict.placeholder(float)  # sampler importance weight cap (TRL: 2.0); None = off
+    c.rl.mis_bounds = ()  # (lo, hi): drop the policy gradient where the sampler weight leaves it; () = off
+    c.rl.mismatch_level = "token"  # the sampler weight of tis_cap / mis_bounds: token | sequence | geometric
+    c.rl.entropy_top_frac = 1.0  # policy gradient only on this top fraction of tokens by entropy; 1 = all
     c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.num_iterations = 1
@@ -221,7 +224,8 @@ def loss_config(c) -> losses.LossConfig:
         return losses.LossConfig(loss_type=r.loss_type, beta=r.beta, estimator=r.estimator, kl_mode=r.kl_mode,
                                  eps_low=r.eps_low, eps_high=r.eps_high, delta=r.delta,
                                  importance_sampling_level=r.importance_sampling_level, tis_cap=r.get("tis_cap"),
-                                 max_completion_length=c.rollout.max_new_tokens)
+                                 mis_bounds=tuple(r.mis_bounds) or None, mismatch_level=r.mismatch_level,
+                                 entropy_top_frac=r.entropy_top_frac, max_completion_length=c.rollout.max_new_tokens)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

@@ -48,6 +48,7 @@ ESTIMATORS = ("k1", "k2", "k3")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 KL_MODES = ("reverse", "forward")
 IS_LEVELS = ("token", "sequence")
+MISMATCH_LEVELS = ("token", "sequence", "geometric")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,16 @@ class LossConfig:
     # Truncated importance sampling against the sampler (TRL's vllm_importance_sampling_correction, token
     # level): the policy-gradient term of each token is weighted by min(exp(old - sampler), tis_cap). None = off.
     tis_cap: float | None = None
+    # Masked importance sampling against the sampler (verl's rollout_is with mask mode): the policy-gradient
+    # term of a token (or of every token of a sequence) whose sampler weight leaves [lo, hi] is dropped.
+    mis_bounds: tuple[float, float] | None = None
+    # The sampler weight of TIS and MIS: per token exp(old_t - sampler_t) | per sequence exp(sum_t ...)
+    # (the product of the token weights) | geometric exp(mean_t ...).
+    mismatch_level: str = "token"
+    # High-entropy forking tokens (Wang et al. 2025, "Beyond the 80/20 rule"): only the top fraction of the
+    # micro-batch's completion tokens by policy entropy get the policy gradient (the KL term keeps all).
+    # 1.0 = every token (off).
+    entropy_top_frac: float = 1.0
 
     def __post_init__(self) -> None:
         def choice(field: str, choices: tuple) -> None:
@@ -90,6 +101,12 @@ class LossConfig:
             )
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LossConfig.tis_cap must be > 0 (or None = off), got {self.tis_cap}")
+        choice("mismatch_level", MISMATCH_LEVELS)
+        if self.mis_bounds is not None and not (len(self.mis_bounds) == 2
+                                                and 0 <= self.mis_bounds[0] < 1 < self.mis_bounds[1]):
+            raise ValueError(f"LossConfig.mis_bounds={self.mis_bounds} must be (lo, hi) with 0 <= lo < 1 < hi")
+        if not 0 < self.entropy_top_frac <= 1:
+            raise ValueError(f"LossConfig.entropy_top_frac={self.entropy_top_frac} must be in (0, 1]")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(
                 f"LossConfig.max_completion_length must be >= 1, got {self.max_completion_length}"
@@ -181,6 +198,30 @@ def aggregate(
     return ml.sum() / jnp.maximum(n, 1.0)
 
 
+def sampler_weight(old_BxT: Array, sampler_BxT: Array, mf_BxT: Array, level: str = "token") -> Array:
+    """The sampler/trainer importance weight of each token, BxT: exp(old_t - sampler_t) ("token"), or one
+    value per sequence broadcast over its tokens, exp(sum_t m_t (old_t - sampler_t)) ("sequence") or
+    exp of the mean ("geometric")."""
+    d = (old_BxT - sampler_BxT) * mf_BxT
+    if level == "token":
+        return jnp.exp(d)
+    s_B = d.sum(-1)
+    if level == "geometric":
+        s_B = s_B / jnp.maximum(mf_BxT.sum(-1), 1.0)
+    return jnp.broadcast_to(jnp.exp(s_B)[:, None], d.shape)
+
+
+def top_entropy_tokens(entropy_BxT: Array, mask_BxT: Array, frac: float) -> Array:
+    """BxT bool: the completion tokens whose entropy is among the top `frac` of this batch's completion
+    tokens (k = ceil(frac * n) of n; ties at the threshold are all kept)."""
+    m = mask_BxT.astype(bool)
+    flat = jnp.where(m, entropy_BxT, -jnp.inf).reshape(-1)
+    n = m.sum()
+    k = jnp.maximum(jnp.ceil(frac * n).astype(jnp.int32), 1)
+    threshold = jnp.sort(flat)[::-1][jnp.minimum(k, flat.size) - 1]
+    return m & (entropy_BxT >= threshold)
+
+
 def _masked_mean(x_BxT: Array, mf_BxT: Array) -> Array:
     return jax.lax.stop_gradient((x_BxT * mf_BxT).sum() / jnp.maximum(mf_BxT.sum(), 1.0))
 
@@ -196,6 +237,7 @@ def policy_loss(
     num_batch_tokens: Array | int | None = None,
     forward_kl_BxT: Array | None = None,
     sampler_logp_BxT: Array | None = None,
+    entropy_BxT: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """SAGE / GRPO-family loss ``aggregate(pg + beta kl)`` and its metrics.
 
@@ -207,6 +249,10 @@ def policy_loss(
     temperature 1), so the weight min(exp(old - sampler), cap) measures sampler/trainer numerics only and
     never the filters' kept mass. TRL 0.23 multiplies the clipped policy-gradient term by it, then adds
     beta kl unweighted; so does this.
+
+    ``mis_bounds`` masks the policy-gradient term where that weight (per ``mismatch_level``) leaves
+    [lo, hi]; both log ``mismatch_kl``. ``entropy_BxT`` (required by ``entropy_top_frac < 1``): the
+    policy's per-token entropy, which picks the tokens that keep their policy gradient.
 
     Metrics (means over the micro-batch's completion tokens): ``loss``, ``pg_loss``,
     ``kl_loss`` (= aggregated beta kl, so loss = pg_loss + kl_loss), ``kl``, ``ratio_mean``,
@@ -236,14 +282,27 @@ def policy_loss(
     ratio_unclipped = ratio if cfg.delta is None else jnp.minimum(ratio, cfg.delta)
     pg = -jnp.minimum(ratio_unclipped * adv_Bx1, ratio_clipped * adv_Bx1)
     metrics: dict[str, Array] = {}
-    if cfg.tis_cap is not None:
+    if cfg.tis_cap is not None or cfg.mis_bounds is not None:
         if sampler_logp_BxT is None:
-            raise ValueError(f"LossConfig.tis_cap={cfg.tis_cap} needs sampler_logp_BxT (got None)")
+            raise ValueError("LossConfig.tis_cap / mis_bounds need sampler_logp_BxT (got None)")
         sampler = jax.lax.stop_gradient(jnp.where(m, sampler_logp_BxT.astype(dtype), zero))
-        w_raw = jnp.exp(old - sampler)
-        pg = pg * jnp.minimum(w_raw, cfg.tis_cap)
-        metrics["tis_weight_mean"] = _masked_mean(jnp.minimum(w_raw, cfg.tis_cap), mf)
-        metrics["tis_capped"] = _masked_mean((w_raw > cfg.tis_cap).astype(dtype), mf)
+        w_raw = sampler_weight(old, sampler, mf, cfg.mismatch_level)
+        d = old - sampler  # per token: the trainer's log-prob minus the sampler's
+        metrics["mismatch_kl"] = _masked_mean(jnp.expm1(-d) + d, mf)  # k3 estimate of KL(sampler || trainer)
+        if cfg.tis_cap is not None:
+            pg = pg * jnp.minimum(w_raw, cfg.tis_cap)
+            metrics["tis_weight_mean"] = _masked_mean(jnp.minimum(w_raw, cfg.tis_cap), mf)
+            metrics["tis_capped"] = _masked_mean((w_raw > cfg.tis_cap).astype(dtype), mf)
+        if cfg.mis_bounds is not None:
+            keep = (w_raw >= cfg.mis_bounds[0]) & (w_raw <= cfg.mis_bounds[1])
+            pg = jnp.where(keep, pg, zero)
+            metrics["mis_masked"] = _masked_mean((~keep).astype(dtype), mf)
+    if cfg.entropy_top_frac < 1:
+        if entropy_BxT is None:
+            raise ValueError(f"LossConfig.entropy_top_frac={cfg.entropy_top_frac} needs entropy_BxT (got None)")
+        selected = top_entropy_tokens(jax.lax.stop_gradient(entropy_BxT.astype(dtype)), m, cfg.entropy_top_frac)
+        pg = jnp.where(selected, pg, zero)
+        metrics["pg_token_frac"] = _masked_mean(selected.astype(dtype), mf)
 
     agg = lambda x: aggregate(x, m, cfg.loss_type, num_batch_tokens, cfg.max_completion_length)
     pg_loss = agg(pg)

@@ -341,7 +341,7 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         old = take(old_logp, i)
         loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), cm, cfg.loss,
                                      num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
-                                     sampler_logp_BxT=take(out.raw_logp_BxT, i))
+                                     sampler_logp_BxT=take(out.raw_logp_BxT, i), entropy_BxT=ent)
         mf = cm.astype(jnp.float32)
         n = jnp.maximum(mf.sum(), 1.0)
         diff = jnp.abs(jax.lax.stop_gradient(logp) - take(out.raw_logp_BxT, i)) * mf  # numerics: unfiltered both

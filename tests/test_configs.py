@@ -99,6 +99,9 @@ def test_paper_setup_values():
     (lambda c: setattr(c.data, "sft_loss_on", "prompt"), "data.sft_loss_on"),
     (lambda c: setattr(c.data, "num_epochs", 2), "data.num_epochs"),  # tiny.py is an RL run
     (lambda c: setattr(c.model.lora, "init_from", "/some/adapter"), "model.lora.init_from"),  # LoRA is off
+    (lambda c: setattr(c.rl, "mis_bounds", (1.5, 2.0)), "mis_bounds"),
+    (lambda c: setattr(c.rl, "mismatch_level", "batch"), "mismatch_level"),
+    (lambda c: setattr(c.rl, "entropy_top_frac", 0.0), "entropy_top_frac"),
 ])
 def test_invalid_configs_name_the_field(edit, field):
     c = _load("tiny.py")

@@ -48,7 +48,29 @@ def np_weights(m, loss_type, n_batch=None, tmax=None):
     return w
 
 
-def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
+def np_sampler_weights(old, sampler, m, level):
+    """The sampler weight of each real token: its own, or its sequence's product / geometric mean."""
+    B, T = old.shape
+    ws = np.zeros((B, T))
+    for b in range(B):
+        idx = [t for t in range(T) if m[b, t]]
+        total = sum(old[b, t] - sampler[b, t] for t in idx)
+        for t in idx:
+            ws[b, t] = np.exp({"token": old[b, t] - sampler[b, t], "sequence": total,
+                               "geometric": total / max(len(idx), 1)}[level])
+    return ws
+
+
+def np_selected(ent, m, frac):
+    """Top `frac` of the real tokens by entropy: k = ceil(frac n), ties at the k-th value kept."""
+    if frac >= 1:
+        return m.astype(bool)
+    vals = sorted((ent[b, t] for b in range(m.shape[0]) for t in range(m.shape[1]) if m[b, t]), reverse=True)
+    k = max(int(np.ceil(frac * len(vals))), 1)
+    return m.astype(bool) & (ent >= vals[k - 1])
+
+
+def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None, ent=None):
     """Loss, metrics and d loss / d lp, with explicit loops and branch bookkeeping."""
     B, T = lp.shape
     el, eh, delta = cfg.eps_low, cfg.eps_high, cfg.delta
@@ -56,13 +78,15 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
     loss = pg_loss = kl_loss = 0.0
     grad = np.zeros((B, T))
     n_tok = max(m.sum(), 1)
-    kl_sum = ratio_sum = low = high = tis_sum = tis_capped = 0.0
+    kl_sum = ratio_sum = low = high = tis_sum = tis_capped = mis_masked = mismatch = 0.0
+    correcting = cfg.tis_cap is not None or cfg.mis_bounds is not None
+    ws = np_sampler_weights(old, sampler, m, cfg.mismatch_level) if correcting else None
+    selected = np_selected(ent, m, cfg.entropy_top_frac) if cfg.entropy_top_frac < 1 else m.astype(bool)
     for b in range(B):
         idx = [t for t in range(T) if m[b, t]]
         n = max(len(idx), 1)
         A = adv[b]
         seq_lr = sum(lp[b, t] - old[b, t] for t in idx) / n
-        seq_w = sum(w[b, t] for t in idx)
         for t in idx:
             lr = seq_lr if cfg.importance_sampling_level == "sequence" else lp[b, t] - old[b, t]
             r = np.exp(lr)
@@ -74,11 +98,19 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
             else:
                 pg = -r2 * A
                 dpg_dlr = -A * r * (1.0 if (1 - el < r < 1 + eh) else 0.0)
+            if correcting:
+                d = old[b, t] - sampler[b, t]
+                mismatch += np.exp(-d) - 1 + d
             if cfg.tis_cap is not None:  # TRL: per_token_loss * clamp(exp(old - sampling), max=cap), then + beta kl
-                tis = min(np.exp(old[b, t] - sampler[b, t]), cfg.tis_cap)
+                tis = min(ws[b, t], cfg.tis_cap)
                 tis_sum += tis
-                tis_capped += float(np.exp(old[b, t] - sampler[b, t]) > cfg.tis_cap)
+                tis_capped += float(ws[b, t] > cfg.tis_cap)
                 pg, dpg_dlr = pg * tis, dpg_dlr * tis
+            if cfg.mis_bounds is not None and not cfg.mis_bounds[0] <= ws[b, t] <= cfg.mis_bounds[1]:
+                pg, dpg_dlr = 0.0, 0.0
+                mis_masked += 1
+            if not selected[b, t]:
+                pg, dpg_dlr = 0.0, 0.0
             kl = np_kl(lp[b, t], ref[b, t], logq[b, t], cfg.estimator) if cfg.beta else 0.0
             loss += w[b, t] * (pg + cfg.beta * kl)
             pg_loss += w[b, t] * pg
@@ -91,9 +123,9 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
                 grad[b, t] += w[b, t] * cfg.beta * np_dkl_dlp(lp[b, t], ref[b, t], logq[b, t],
                                                               cfg.estimator)
             if cfg.importance_sampling_level == "sequence":
-                # pg_b depends on every lp of the row through the mean log-ratio.
+                # pg_bt depends on every lp of the row through the mean log-ratio.
                 for t2 in idx:
-                    grad[b, t2] += seq_w * dpg_dlr / n / len(idx)
+                    grad[b, t2] += w[b, t] * dpg_dlr / n
             else:
                 grad[b, t] += w[b, t] * dpg_dlr
     metrics = dict(loss=loss, pg_loss=pg_loss, ratio_mean=ratio_sum / n_tok,
@@ -101,8 +133,14 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None):
                    clip_region=(low + high) / n_tok)
     if cfg.beta:
         metrics.update(kl=kl_sum / n_tok, kl_loss=kl_loss)
+    if correcting:
+        metrics.update(mismatch_kl=mismatch / n_tok)
     if cfg.tis_cap is not None:
         metrics.update(tis_weight_mean=tis_sum / n_tok, tis_capped=tis_capped / n_tok)
+    if cfg.mis_bounds is not None:
+        metrics.update(mis_masked=mis_masked / n_tok)
+    if cfg.entropy_top_frac < 1:
+        metrics.update(pg_token_frac=(selected & m.astype(bool)).sum() / n_tok)
     return loss, metrics, grad
 
 
@@ -524,3 +562,51 @@ def test_truncated_importance_sampling_matches_numpy(loss_type):
         losses.policy_loss(j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg)
     with pytest.raises(ValueError, match="tis_cap"):
         LossConfig(tis_cap=0.0)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+@pytest.mark.parametrize("is_level", ["token", "sequence"])
+def test_sampler_mismatch_corrections_match_numpy(level, is_level):
+    """TIS (cap) and MIS (mask outside [lo, hi]) on the sampler weight of each token, of its sequence's
+    product, or of its sequence's geometric mean; mismatch_kl is the k3 estimate of KL(sampler || trainer)."""
+    c, j = make_tensors(6)
+    rng = np.random.default_rng(60)
+    scale = {"token": 0.8, "sequence": 0.4, "geometric": 1.5}[level]  # a sum over a row spreads more, a mean less
+    sampler = c["old"] + rng.normal(0, scale, size=c["old"].shape)
+    cfg = LossConfig(loss_type="grpo", beta=0.07, tis_cap=2.0, mis_bounds=(0.5, 1.6), mismatch_level=level,
+                     importance_sampling_level=is_level)
+    (loss, met), g = jax.jit(jax.value_and_grad(losses.policy_loss, has_aux=True), static_argnames=("cfg",))(
+        j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg=cfg,
+        sampler_logp_BxT=jnp.asarray(np.where(c["m"], sampler, np.nan)))
+    want, want_met, want_g = np_policy_loss(c["lp"], c["old"], c["ref"], c["logq"], c["adv"], c["m"], cfg,
+                                            sampler=sampler)
+    assert 0 < want_met["mis_masked"] < 0.8  # the mask binds on some tokens, not all
+    assert set(met) == set(want_met)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-9, atol=1e-12)
+    for k, v in want_met.items():
+        np.testing.assert_allclose(float(met[k]), v, rtol=1e-10, atol=1e-12, err_msg=k)
+    for bad in [(1.2, 2.0), (0.5, 0.9), (0.5,)]:
+        with pytest.raises(ValueError, match="mis_bounds"):
+            LossConfig(mis_bounds=bad)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+@pytest.mark.parametrize("frac", [0.2, 0.5])
+def test_high_entropy_token_selection_matches_numpy(loss_type, frac):
+    """Only the top `frac` of the completion tokens by entropy keep the policy gradient; the KL term keeps
+    every token. With ties: the entropies are rounded so that the threshold value repeats."""
+    c, j = make_tensors(7)
+    ent = np.round(np.random.default_rng(70).gamma(2.0, 0.5, size=c["lp"].shape), 1)
+    cfg = LossConfig(loss_type=loss_type, beta=0.07, entropy_top_frac=frac)
+    (loss, met), g = jax.jit(jax.value_and_grad(losses.policy_loss, has_aux=True), static_argnames=("cfg",))(
+        j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg=cfg,
+        entropy_BxT=jnp.asarray(np.where(c["m"], ent, np.nan)))
+    want, want_met, want_g = np_policy_loss(c["lp"], c["old"], c["ref"], c["logq"], c["adv"], c["m"], cfg, ent=ent)
+    assert frac <= want_met["pg_token_frac"] < frac + 0.15
+    np.testing.assert_allclose(float(loss), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(g), want_g, rtol=1e-9, atol=1e-12)
+    for k, v in want_met.items():
+        np.testing.assert_allclose(float(met[k]), v, rtol=1e-10, atol=1e-12, err_msg=k)
+    with pytest.raises(ValueError, match="entropy_BxT"):
+        losses.policy_loss(j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg)
