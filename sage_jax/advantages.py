@@ -81,3 +81,37 @@ def group_advantages(
         "frac_zero_std": zero_std_P.astype(dtype).mean(),
     }
     return adv_PxG.reshape(B), metrics
+
+
+def _ratio_of_binomials(a: Array, n: int, k: int) -> Array:
+    """C(a, k) / C(n, k) for integer arrays a <= n and a static k >= 0: prod_j (a - j) / (n - j), 0 when a < k."""
+    out = jnp.ones(a.shape, jnp.float32)
+    for j in range(k):
+        out = out * jnp.maximum(a - j, 0).astype(jnp.float32) / (n - j)
+    return out
+
+
+def pass_at_k_advantages(rewards_B: Array, group_size: int, k: int, eps: float = 1e-4) -> tuple[Array, dict]:
+    """The analytic pass@k advantage of Pass@k Training (Chen et al., 2025) for binary rewards (correct: r > 0).
+
+    A group of N = `group_size` with N_neg wrong samples has the unbiased pass@k (over the k-subsets of the
+    group) R = 1 - C(N_neg, k) / C(N, k) and std s = sqrt(R (1 - R)). Every k-subset holding sample i scores
+    max reward; its mean over those subsets, minus R, over s, is i's advantage:
+        correct i: (1 - R) / (s + eps)
+        wrong i:   (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / (s + eps)
+    k = 1 gives GRPO's group advantage with the population (ddof 0) std. Metrics: `pass_at_k` (mean R over
+    groups, the unbiased pass@k of the training samples) and `frac_zero_std` (groups with R in {0, 1})."""
+    if not 1 <= k <= group_size:
+        raise ValueError(f"pass@k advantage needs 1 <= k <= group_size={group_size}, got k={k}")
+    (B,) = rewards_B.shape
+    if B % group_size:
+        raise ValueError(f"batch size B={B} is not a multiple of group_size={group_size}")
+    N = group_size
+    correct_PxG = (jax.lax.stop_gradient(rewards_B) > 0).reshape(B // N, N)
+    n_neg_P = N - correct_PxG.sum(axis=1)
+    R_P = 1.0 - _ratio_of_binomials(n_neg_P, N, k)
+    s_P = jnp.sqrt(R_P * (1.0 - R_P))
+    neg_P = 1.0 - R_P - _ratio_of_binomials(n_neg_P - 1, N - 1, k - 1)
+    adv_PxG = jnp.where(correct_PxG, (1.0 - R_P)[:, None], neg_P[:, None]) / (s_P[:, None] + eps)
+    metrics = {"pass_at_k": R_P.mean(), "frac_zero_std": ((R_P == 0) | (R_P == 1)).astype(jnp.float32).mean()}
+    return adv_PxG.reshape(B), metrics

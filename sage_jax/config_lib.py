@@ -91,6 +91,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.entropy_top_frac = 1.0  # policy gradient only on this top fraction of tokens by entropy; 1 = all
     c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
     c.rl.scale_rewards = "group"  # group | batch | none
+    c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
     c.rl.num_iterations = 1
     c.rl.num_minibatches = 1
     c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
@@ -251,7 +252,7 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
                         grad_accum_steps=c.rl.get("grad_accum_steps", 1),
                         max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
                         share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"),
-                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"))
+                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

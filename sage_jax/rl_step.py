@@ -37,7 +37,7 @@ from flax import nnx
 
 from sage_jax import guides, losses
 from sage_jax import sharding as shd
-from sage_jax.advantages import group_advantages
+from sage_jax.advantages import group_advantages, pass_at_k_advantages
 from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import positions_from_mask
@@ -68,6 +68,8 @@ class RLConfig:
     # dapo with M > 1 updates per rollout: divide each update's token sum by the generation batch's tokens
     # ("generation", TRL 0.23 and the SAGE reference) or by that over M ("window", TRL >= 1.x); equal at M = 1
     dapo_normalizer: str = "generation"
+    # 0: GRPO's group advantage (scale_rewards); k >= 1: the analytic pass@k advantage (Chen et al., 2025)
+    pass_at_k: int = 0
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -77,6 +79,8 @@ class RLConfig:
         if self.grad_accum_steps < 1:
             raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
+        if not 0 <= self.pass_at_k <= self.group_size:
+            raise ValueError(f"rl.pass_at_k={self.pass_at_k} must be in [0, group_size={self.group_size}] (0 = off)")
         if self.dapo_normalizer not in ("generation", "window"):
             raise ValueError(f"rl.dapo_normalizer={self.dapo_normalizer!r} is not one of generation, window")
         if self.remat not in (None, "none", "full", "dots"):
@@ -287,6 +291,9 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     cmask = out.mask_BxT
     rewards, failed = host_rewards(reward_host, out.tokens_BxT, cmask, answers, mesh)
     adv, adv_metrics = group_advantages(rewards, G, cfg.scale_rewards)
+    if cfg.pass_at_k:  # same reward metrics, the pass@k advantage in place of the group one
+        adv, pk_metrics = pass_at_k_advantages(rewards, G, cfg.pass_at_k)
+        adv_metrics = {**adv_metrics, **pk_metrics}
     tokens = jnp.concatenate([prompt, out.tokens_BxT], axis=1)
     fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
     num_tokens = cmask.sum()

@@ -95,3 +95,33 @@ def test_validation_errors():
         advantages.group_advantages(r, 0)
     with pytest.raises(ValueError, match="rewards_B must be 1-D"):
         advantages.group_advantages(jnp.zeros((2, 3)), 3)
+
+
+def _brute_force_pass_at_k(correct, k):
+    """Per sample: the mean over the k-subsets of its group that hold it of (max reward - R) / std, where R
+    and std are the mean and population std of max reward over all k-subsets. Plain enumeration."""
+    import itertools
+    N = len(correct)
+    subsets = list(itertools.combinations(range(N), k))
+    scores = {s: max(correct[i] for i in s) for s in subsets}
+    R = np.mean(list(scores.values()))
+    std = np.sqrt(np.mean([(v - R) ** 2 for v in scores.values()]))
+    adv = [np.mean([scores[s] - R for s in subsets if i in s]) / (std + 1e-4) for i in range(N)]
+    return np.array(adv), R
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_pass_at_k_advantage_is_the_subset_enumeration(k):
+    from sage_jax.advantages import pass_at_k_advantages
+    rng = np.random.default_rng(k)
+    G = 6
+    rewards = (rng.random(8 * G) < 0.35).astype(np.float32)
+    rewards[:G] = 0.0  # an all-wrong group
+    rewards[G:2 * G] = 1.0  # an all-correct group
+    adv, met = pass_at_k_advantages(jnp.asarray(rewards), G, k)
+    want, Rs = zip(*[_brute_force_pass_at_k(list(rewards[g:g + G]), k) for g in range(0, len(rewards), G)])
+    np.testing.assert_allclose(np.asarray(adv), np.concatenate(want), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(float(met["pass_at_k"]), np.mean(Rs), rtol=1e-6)
+    assert not np.asarray(adv)[:2 * G].any()  # uniform groups carry no signal
+    with pytest.raises(ValueError, match="k="):
+        pass_at_k_advantages(jnp.asarray(rewards), G, G + 1)

@@ -135,6 +135,19 @@ def test_truncated_importance_weight_is_one_in_float32_under_min_p():
     assert float(m["train/tis_capped"]) == 0.0
 
 
+def test_mismatch_entropy_and_pass_at_k_options_in_the_step():
+    """The issue-28 options together in one fused step: the pass@k advantage (its metric logged), MIS / TIS
+    logging a mismatch that is fp32 numerics only, and the entropy selection keeping about its fraction."""
+    loss = losses.LossConfig(beta=0.04, tis_cap=2.0, mis_bounds=(0.5, 2.0), entropy_top_frac=0.25)
+    _, _, state, step = setup(lr=0.0, loss=loss, pass_at_k=2)
+    state, m = step(state, batch())
+    assert 0.25 <= float(m["train/pg_token_frac"]) < 0.4
+    assert float(m["train/mis_masked"]) == 0.0 and abs(float(m["train/mismatch_kl"])) < 1e-5  # fp32 numerics only
+    assert 0.0 <= float(m["reward/pass_at_k"]) <= 1.0
+    with pytest.raises(ValueError, match="pass_at_k"):
+        R.RLConfig(group_size=4, pass_at_k=5)
+
+
 def test_dapo_normaliser_with_several_minibatches():
     """dapo, M = 2 updates: "generation" divides each update's token sum by the generation batch's tokens
     (TRL 0.23, the reference), "window" by half of them (TRL >= 1.x): the logged losses differ by exactly 2."""
