@@ -101,6 +101,7 @@ def default_config() -> ml_collections.ConfigDict:
 
     c.sage = ml_collections.ConfigDict()
     c.sage.guide = "branch"  # none | branch | token | random | a registered guide
+    c.sage.form = "loss"  # loss (k3 against ref + log q, the code-level form) | reward (KL to ref + beta sum log q bonus)
     c.sage.branch = ml_collections.ConfigDict(dict(ratio=0.3, threshold=1.2, q_min=0.6, q_max=1.4, source="new"))
     c.sage.token = ml_collections.ConfigDict(dict(norm="minmax", alpha_ub=0.3, alpha_lb=0.1, sigma_ub=0.25,
                                                   sigma_lb=0.1, q_min=0.6, q_max=1.4, source="new"))
@@ -226,7 +227,8 @@ def loss_config(c) -> losses.LossConfig:
                                  eps_low=r.eps_low, eps_high=r.eps_high, delta=r.delta,
                                  importance_sampling_level=r.importance_sampling_level, tis_cap=r.get("tis_cap"),
                                  mis_bounds=tuple(r.mis_bounds) or None, mismatch_level=r.mismatch_level,
-                                 entropy_top_frac=r.entropy_top_frac, max_completion_length=c.rollout.max_new_tokens)
+                                 entropy_top_frac=r.entropy_top_frac, sage_form=c.sage.form,
+                                 max_completion_length=c.rollout.max_new_tokens)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

@@ -30,6 +30,12 @@ With ``dapo`` the micro-batch losses *sum* to the full-batch loss, so accumulate
 gradients by summation (if your accumulator averages over M micro-batches, pass
 ``num_batch_tokens = N_gen / M``).
 
+Objective-level SAGE (``sage_form="reward"``): ``KL(pi || q pi_ref) = KL(pi || pi_ref) - E[sum_t log q_t]``,
+so ``a_t = ref_t`` in the KL term and ``A_i <- A_i + beta sum_t m_t log q_t`` (the reward bonus, q a constant).
+In expectation over y ~ pi the code-level form's gradient is ``-beta sum_y q_y pi_ref(y) grad log pi(y)`` per
+position (k3), the reward form's ``-beta sum_y (pi_ref(y) + pi(y) log q_y) grad log pi(y)``
+(tests/test_losses.py enumerates both exactly).
+
 Forward-KL baseline (``kl_mode="forward"``): ``kl_t = sum_v pi_ref(v) (log pi_ref(v) -
 log pi_theta(v))`` exact per position, from ``forward_kl_from_logits`` which the caller applies
 per sequence chunk (never the full [B, T, V] float32 logits) and passes in as ``forward_kl_BxT``.
@@ -49,6 +55,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 KL_MODES = ("reverse", "forward")
 IS_LEVELS = ("token", "sequence")
 MISMATCH_LEVELS = ("token", "sequence", "geometric")
+SAGE_FORMS = ("loss", "reward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +84,10 @@ class LossConfig:
     # micro-batch's completion tokens by policy entropy get the policy gradient (the KL term keeps all).
     # 1.0 = every token (off).
     entropy_top_frac: float = 1.0
+    # Where SAGE's guide enters (reverse KL only): "loss", the code-level form (k3 against ref + log q), or
+    # "reward", the objective-level form KL(pi || q pi_ref) = KL(pi || pi_ref) - E[sum_t log q_t]: the KL
+    # against pi_ref alone plus a sequence reward bonus beta sum_t log q_t added to the advantage (no baseline).
+    sage_form: str = "loss"
 
     def __post_init__(self) -> None:
         def choice(field: str, choices: tuple) -> None:
@@ -102,6 +113,7 @@ class LossConfig:
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"LossConfig.tis_cap must be > 0 (or None = off), got {self.tis_cap}")
         choice("mismatch_level", MISMATCH_LEVELS)
+        choice("sage_form", SAGE_FORMS)
         if self.mis_bounds is not None and not (len(self.mis_bounds) == 2
                                                 and 0 <= self.mis_bounds[0] < 1 < self.mis_bounds[1]):
             raise ValueError(f"LossConfig.mis_bounds={self.mis_bounds} must be (lo, hi) with 0 <= lo < 1 < hi")
@@ -271,6 +283,14 @@ def policy_loss(
     else:
         old = jax.lax.stop_gradient(jnp.where(m, old_logp_BxT.astype(dtype), zero))
     adv_Bx1 = jax.lax.stop_gradient(adv_B.astype(dtype))[:, None]
+    log_q = None
+    if log_q_BxT is not None:
+        log_q = jax.lax.stop_gradient(jnp.where(m, log_q_BxT.astype(dtype), zero))
+    bonus_B = None
+    if cfg.sage_form == "reward" and log_q is not None and cfg.beta > 0:
+        bonus_B = cfg.beta * log_q.sum(-1)  # the objective's reward bonus beta sum_t log q_t
+        adv_Bx1 = adv_Bx1 + bonus_B[:, None]
+        log_q = None  # the KL term is then against pi_ref alone
 
     log_ratio = lp - old
     if cfg.importance_sampling_level == "sequence":
@@ -312,9 +332,6 @@ def policy_loss(
             if ref_logp_BxT is None:
                 raise ValueError(f"LossConfig.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
             ref = jax.lax.stop_gradient(jnp.where(m, ref_logp_BxT.astype(dtype), zero))
-            log_q = None
-            if log_q_BxT is not None:
-                log_q = jax.lax.stop_gradient(jnp.where(m, log_q_BxT.astype(dtype), zero))
             kl = per_token_kl(lp, ref, log_q, cfg.estimator)
         else:
             if forward_kl_BxT is None:
@@ -341,4 +358,6 @@ def policy_loss(
     )
     if cfg.delta is not None:
         metrics["delta_capped"] = _masked_mean((r > cfg.delta).astype(dtype), mf)
+    if bonus_B is not None:
+        metrics["sage_bonus"] = jax.lax.stop_gradient(bonus_B.mean())
     return loss, metrics

@@ -610,3 +610,38 @@ def test_high_entropy_token_selection_matches_numpy(loss_type, frac):
         np.testing.assert_allclose(float(met[k]), v, rtol=1e-10, atol=1e-12, err_msg=k)
     with pytest.raises(ValueError, match="entropy_BxT"):
         losses.policy_loss(j["lp"], j["old"], j["ref"], j["logq"], j["adv"], j["m"], cfg)
+
+
+def test_sage_loss_form_and_reward_form_differ_in_expectation_as_derived():
+    """One position, a softmax policy over V = 5 tokens, on-policy, no verifier reward (A = 0). The expected
+    gradient over y ~ pi, enumerated exactly (sum_y pi_y grad loss(y), pi_y a constant), of
+      the loss form:   -beta sum_y q_y ref_y grad log pi_y            (k3 against ref + log q)
+      the reward form: -beta sum_y (ref_y + pi_y log q_y) grad log pi_y (k3 against ref, bonus beta log q_y)
+    Different unless q = 1, where both are -beta sum_y ref_y grad log pi_y."""
+    beta = 0.3
+    theta = jnp.array([0.2, -1.0, 0.7, 0.0, -0.4], jnp.float64)
+    ref = jax.nn.softmax(jnp.array([0.5, 0.1, -0.3, 0.9, -1.2], jnp.float64))
+    q = jnp.array([1.4, 0.6, 1.0, 0.8, 1.2], jnp.float64)
+
+    def expected_grad(form, q):
+        pi = jax.lax.stop_gradient(jax.nn.softmax(theta))
+
+        def loss_of(th, y):
+            lp = jax.nn.log_softmax(th)[y][None, None]
+            cfg = LossConfig(beta=beta, sage_form=form)
+            return losses.policy_loss(lp, None, jnp.log(ref[y])[None, None], jnp.log(q[y])[None, None],
+                                      jnp.zeros((1,), jnp.float64), jnp.ones((1, 1)), cfg)[0]
+
+        return sum(pi[y] * jax.grad(loss_of)(theta, y) for y in range(5))
+
+    pi = jax.nn.softmax(theta)
+    dlogpi = jnp.eye(5) - pi[None, :]  # row y: grad_theta log pi_y
+    want_loss = -beta * ((q * ref)[:, None] * dlogpi).sum(0)
+    want_reward = -beta * ((ref + pi * jnp.log(q))[:, None] * dlogpi).sum(0)
+    np.testing.assert_allclose(expected_grad("loss", q), want_loss, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(expected_grad("reward", q), want_reward, rtol=1e-10, atol=1e-13)
+    assert np.abs(np.asarray(want_loss - want_reward)).max() > 1e-3
+    ones = jnp.ones(5, jnp.float64)
+    np.testing.assert_allclose(expected_grad("loss", ones), expected_grad("reward", ones), rtol=1e-10, atol=1e-13)
+    with pytest.raises(ValueError, match="sage_form"):
+        LossConfig(sage_form="objective")
