@@ -77,6 +77,7 @@ def get_config(arg=None):
     c.rl.tis_cap = 2.0  # TRL 0.23 vllm_importance_sampling_correction with vllm_importance_sampling_cap 2.0
     c.rl.reward = "math_verify_text"
     c.rl.logp_chunk = 512
+    c.rl.score_chunks = 2  # the reference pass one prompt group at a time (memory only; the same numbers)
 
     c.sage.guide = "branch"
     c.sage.branch.ratio = 0.3

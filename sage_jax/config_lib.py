@@ -92,6 +92,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
+    c.rl.score_chunks = 1  # the reference (and old-logp) pass in this many row chunks; 1 = all rows at once
     c.rl.num_iterations = 1
     c.rl.num_minibatches = 1
     c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
@@ -244,6 +245,9 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
             "guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
     if c.rollout.group_size < 2:
         raise ConfigValidationError(f"rollout.group_size={c.rollout.group_size}: group advantages need >= 2")
+    if c.rl.score_chunks < 1 or c.data.batch_size % c.rl.score_chunks:
+        raise ConfigValidationError(f"rl.score_chunks={c.rl.score_chunks} must be >= 1 and divide data.batch_size="
+                                    f"{c.data.batch_size} (chunks of whole prompt groups)")
     if c.rl.scale_rewards not in ("group", "batch", "none"):
         raise ConfigValidationError(f"rl.scale_rewards={c.rl.scale_rewards!r} is not one of group, batch, none")
     try:
@@ -254,7 +258,8 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
                         grad_accum_steps=c.rl.get("grad_accum_steps", 1),
                         max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
                         share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"),
-                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k)
+                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k,
+                        score_chunks=c.rl.score_chunks)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

@@ -70,6 +70,10 @@ class RLConfig:
     dapo_normalizer: str = "generation"
     # 0: GRPO's group advantage (scale_rewards); k >= 1: the analytic pass@k advantage (Chen et al., 2025)
     pass_at_k: int = 0
+    # The no-gradient passes over the rollout (reference, and `old` under several updates) in this many
+    # sequential row chunks of whole groups: their attention scores (rows x heads x S^2) are live for B / C
+    # rows at a time. 1 = all rows at once. Same numbers either way.
+    score_chunks: int = 1
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -79,6 +83,8 @@ class RLConfig:
         if self.grad_accum_steps < 1:
             raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
+        if self.score_chunks < 1:
+            raise ValueError(f"rl.score_chunks must be >= 1, got {self.score_chunks}")
         if not 0 <= self.pass_at_k <= self.group_size:
             raise ValueError(f"rl.pass_at_k={self.pass_at_k} must be in [0, group_size={self.group_size}] (0 = off)")
         if self.dapo_normalizer not in ("generation", "window"):
@@ -298,11 +304,36 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
     num_tokens = cmask.sum()
 
+    C = cfg.score_chunks
+    N = B // G
+    if N % C:
+        raise ValueError(f"rl.score_chunks={C} does not divide the step's {N} prompts")
+
+    def chunked(x, per):
+        """[N * per, ...] -> [C, N / C * per, ...]: chunk c holds prompts c, c + C, c + 2C, ... (interleaved,
+        so that a batch sharded over its rows keeps every device's share in every chunk)."""
+        x = x.reshape(N // C, C, per, *x.shape[1:])
+        return jnp.moveaxis(x, 1, 0).reshape(C, N // C * per, *x.shape[3:])
+
+    def unchunked(y):
+        """The inverse of `chunked(., G)` for a [C, N / C * G, T] output."""
+        y = y.reshape(C, N // C, G, *y.shape[2:])
+        return jnp.moveaxis(y, 0, 1).reshape(B, *y.shape[3:])
+
+    def score_rows(model, p_N, pm_N, toks, cm, tk, fm):
+        return (grouped_logp_entropy(model, p_N, pm_N, toks, cm, cfg.logp_chunk, temp) if cfg.share_prompt
+                else sequence_logp_entropy(model, tk, fm, P, cfg.logp_chunk, temp))
+
     def score(model):
-        """(logp_BxT, entropy_BxT) of the rollout under `model`, no gradient."""
-        return jax.lax.stop_gradient(
-            grouped_logp_entropy(model, prompt_N, pmask_N, out.tokens_BxT, cmask, cfg.logp_chunk, temp)
-            if cfg.share_prompt else sequence_logp_entropy(model, tokens, fmask, P, cfg.logp_chunk, temp))
+        """(logp_BxT, entropy_BxT) of the rollout under `model`, no gradient; in `rl.score_chunks` sequential
+        row chunks (whole groups each), so the attention of only B / C rows is live at a time."""
+        pn, pmn = (prompt_N, pmask_N) if cfg.share_prompt else (prompt[::G], pmask[::G])
+        args = (pn, pmn, out.tokens_BxT, cmask, tokens, fmask)
+        if C == 1:
+            return jax.lax.stop_gradient(score_rows(model, *args))
+        pers = (1, 1, G, G, G, G)
+        parts = jax.lax.map(lambda a: score_rows(model, *a), tuple(chunked(x, per) for x, per in zip(args, pers)))
+        return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 
     # ---- frozen reference (not compiled at all when beta == 0)
     ref_logp = ref_ent = None

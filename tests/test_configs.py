@@ -104,6 +104,7 @@ def test_paper_setup_values():
     (lambda c: setattr(c.rl, "entropy_top_frac", 0.0), "entropy_top_frac"),
     (lambda c: setattr(c.rl, "pass_at_k", 9), "pass_at_k"),  # tiny.py: groups of 8
     (lambda c: setattr(c.sage, "form", "objective"), "sage_form"),
+    (lambda c: setattr(c.rl, "score_chunks", 3), "rl.score_chunks"),  # 8 prompts
 ])
 def test_invalid_configs_name_the_field(edit, field):
     c = _load("tiny.py")

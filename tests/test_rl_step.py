@@ -221,3 +221,23 @@ def test_golden_one_step(capsys):
             print("GOLDEN =", {k: float(f"{v:.6g}") for k, v in got.items()})
     for k, v in GOLDEN.items():
         assert got[k] == pytest.approx(v, rel=1e-4, abs=1e-7), (k, got[k], v)
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_reference_and_old_passes_in_row_chunks_change_nothing(share_prompt):
+    """rl.score_chunks = 2 runs the reference and `old` passes over half the rows at a time (interleaved
+    prompts): the step's metrics, the loss, KL and gradient norm among them, equal those of the one-pass step
+    (fp32: 1e-6). (Updated params are not compared: Adam's first step is lr x sign(g) wherever |g| >> eps, so
+    it turns 1e-7 differences of tiny gradients into differences of order lr.)"""
+    kw = dict(share_prompt=share_prompt, num_minibatches=2, loss=losses.LossConfig(beta=0.04))
+    outs = []
+    for chunks in (1, 2):
+        _, _, state, step = setup(score_chunks=chunks, **kw)
+        outs.append(step(state, batch()))
+    (_, m1), (_, m2) = outs
+    assert set(m1) == set(m2) and "train/grad_norm" in m1
+    for k in m1:
+        np.testing.assert_allclose(np.asarray(m2[k]), np.asarray(m1[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    assert float(m1["train/kl"]) > 0  # the reference pass mattered
+    with pytest.raises(ValueError, match="score_chunks"):
+        R.RLConfig(score_chunks=0)
