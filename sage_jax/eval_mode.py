@@ -110,7 +110,7 @@ def run(c, workdir: str) -> dict:
                             max_tokens=c.eval.max_new_tokens, seed=c.seed,
                             problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
     from sage_jax.rewards import make_reward_fn
-    from sage_jax.train import _stop_ids
+    from sage_jax.train import stop_ids
     from sage_jax.models.config import ModelConfig
 
     from sage_jax import sharding
@@ -121,10 +121,10 @@ def run(c, workdir: str) -> dict:
         def build(s: EvalSettings):
             model, tp = load_policy(path, dtype, mesh=mesh, param_dtype=pdtype)  # HF dirs: model.(param_)dtype
             tok = hf.load_tokenizer(tp)
-            mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(tp))
+            mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(tp))
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 eos_ids=_stop_ids(tok, mcfg), pad_id=int(pad),
+                                 eos_ids=stop_ids(tok, mcfg), pad_id=int(pad),
                                  stop=config_lib.stop_strings(c, tok, mcfg.vocab_size), **dict(s.sampler))
             return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build

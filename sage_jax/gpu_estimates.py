@@ -209,7 +209,7 @@ def shape_of_path(path: str) -> Shape:
         return KNOWN_SHAPES[path]
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    return Shape.of(ModelConfig.from_hf_dir(hf._resolve(path))[0])
+    return Shape.of(ModelConfig.from_hf_dir(hf.resolve_path(path))[0])
 
 
 def gpu_of(device_kind: str) -> GPU | None:

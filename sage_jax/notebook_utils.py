@@ -128,10 +128,10 @@ def stop_and_pad(tokenizer, model_path: str) -> tuple[tuple[int, ...], int]:
     """(stop ids, pad id) for sampling `model_path` with `tokenizer`, as training and evaluation use."""
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.train import _stop_ids
-    mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(model_path))
+    from sage_jax.train import stop_ids
+    mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(model_path))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (mcfg.pad_token_id or 0)
-    return _stop_ids(tokenizer, mcfg), int(pad)
+    return stop_ids(tokenizer, mcfg), int(pad)
 
 
 def token_signals(policy, reference, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,

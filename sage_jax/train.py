@@ -47,7 +47,7 @@ class Setup:
     stop: Any = None  # sage_jax.stop_strings.StopStrings of rollout.stop_strings, or None
 
 
-def _stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:
+def stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:
     ids = set(model_cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -300,14 +300,14 @@ def build_setup(c, workdir: str) -> Setup:
     mesh = sharding.make_mesh(tuple(c.mesh.shape))
     tokenizer = hf.load_tokenizer(c.model.path)
     from sage_jax.models.config import ModelConfig
-    model_cfg, _ = ModelConfig.from_hf_dir(hf._resolve(c.model.path))
+    model_cfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(c.model.path))
     from sage_jax.rewards import make_reward_fn
     if len(tokenizer) > model_cfg.vocab_size:
         raise config_lib.ConfigValidationError(
             f"model.path={c.model.path}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
             f"{model_cfg.vocab_size}; the tokenizer files belong to another model")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
-    return Setup(c, workdir, mesh, model_cfg, tokenizer, _stop_ids(tokenizer, model_cfg), int(pad),
+    return Setup(c, workdir, mesh, model_cfg, tokenizer, stop_ids(tokenizer, model_cfg), int(pad),
                  make_reward_fn(c.rl.reward), config_lib.stop_strings(c, tokenizer, model_cfg.vocab_size))
 
 

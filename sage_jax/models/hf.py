@@ -87,7 +87,7 @@ def name_table(cfg: ModelConfig) -> list[Entry]:
 
 
 # ------------------------------------------------------------------------------------------ files
-def _resolve(path: str) -> str:
+def resolve_path(path: str) -> str:
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
@@ -151,7 +151,7 @@ def load(path: str, dtype=jnp.float32, mesh: jax.sharding.Mesh | None = None, pa
 
     `mesh`: axes (data, fsdp, tensor); one built by `jax.make_mesh` with its default (Explicit) axis types
     is used as the same devices with Auto axes (`sharding.as_auto`)."""
-    path = _resolve(path)
+    path = resolve_path(path)
     cfg, _ = ModelConfig.from_hf_dir(path)
     graphdef, state = abstract_model(cfg, dtype, param_dtype)
     flat = dict(nnx.to_flat_state(state))
@@ -339,7 +339,7 @@ def load_tokenizer(path: str):
     therefore loaded as exactly what tokenizer.json says.
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    path = _resolve(path)
+    path = resolve_path(path)
     vocab_files = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
     if not any(os.path.isfile(os.path.join(path, f)) for f in vocab_files):
         raise ConfigError(f"{path}: no tokenizer ({', '.join(vocab_files[:3])}, ... missing); copy the base "
