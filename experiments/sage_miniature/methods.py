@@ -80,8 +80,9 @@ class Budget:
 FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=200, checkpoint_every=100,
               log_every=5, eval_problems=128, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
 # Core mode: the methods every counted claim comparison reads (stats.CLAIMS), 2 seeds, n = 128; the
-# uncounted BNPO/DAPO + branch rows and the token / random guides are left out. About an hour on 2 cores.
-CORE = Budget(methods=("base", "grpo", "bnpo", "dapo", "forward_kl", "sage_branch"), seeds=(0, 1), steps=200,
+# uncounted BNPO/DAPO + branch rows are left out. About 65 minutes on 2 cores.
+CORE = Budget(methods=("base", "grpo", "bnpo", "dapo", "forward_kl", "sage_branch", "sage_token", "sage_random"),
+              seeds=(0, 1), steps=200,
               checkpoint_every=100, log_every=5, eval_problems=128, eval_n=128, eval_batch=512, val_problems=64,
               val_n=16)
 # Quick mode: the whole pipeline, strategy metrics included, in a few minutes (tests/test_sage_miniature.py).

@@ -2,7 +2,7 @@
 
     python experiments/sage_miniature/run.py                 # the full study (estimate: --dry-run prints it)
     python experiments/sage_miniature/run.py --dry-run       # the plan and the time estimate, nothing run
-    python experiments/sage_miniature/run.py --core          # the counted claims only, 2 seeds (about an hour)
+    python experiments/sage_miniature/run.py --core          # the counted claims only, 2 seeds (about 65 minutes)
     python experiments/sage_miniature/run.py --quick --out /tmp/sage_mini_quick   # the pipeline, a few minutes
 
 Stages, each job in its own process (`worker.py`), at most `--jobs` at a time (each pinned to one core):
@@ -237,8 +237,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (results.json, results.md, PNGs)")
     p.add_argument("--work", default=None, help="runs, checkpoints, raw eval samples (default OUT/work)")
     p.add_argument("--quick", action="store_true", help="2 methods + base, 1 seed, 4 steps, n = 8, 8 problems")
-    p.add_argument("--core", action="store_true", help="the counted claims' 5 methods + base, 2 seeds, "
-                   "200 steps, 128 problems x n = 128 (about an hour)")
+    p.add_argument("--core", action="store_true", help="the counted claims' 7 methods + base, 2 seeds, "
+                   "200 steps, 128 problems x n = 128 (about 65 minutes)")
     p.add_argument("--jobs", type=int, default=2, help="jobs at a time (each pinned to one core when > 1)")
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
                    help="rewrite README.md's results block (default: on for a full run into the default --out)")

@@ -75,11 +75,11 @@ def load_problems(data_dir: str, split: str, start: int, count: int, template: s
     return out
 
 
-def _stop_ids(tokenizer, path):
+def stop_ids(tokenizer, path):
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.train import _stop_ids as stop_ids
-    mcfg, _ = ModelConfig.from_hf_dir(hf._resolve(path))
+    from sage_jax.train import stop_ids as stop_ids
+    mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(path))
     return stop_ids(tokenizer, mcfg)
 
 
@@ -106,7 +106,7 @@ def calibrate(spec: dict) -> dict:
     model, _ = hf.load(spec["model_path"])
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     cfg = SamplingConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"],
-                         eos_ids=_stop_ids(tok, spec["model_path"]), pad_id=int(pad))
+                         eos_ids=stop_ids(tok, spec["model_path"]), pad_id=int(pad))
     graphdef, state = nnx.split(model)
     fn = jax.jit(make_generate_fn(graphdef, cfg))
     rows = [tok(p, add_special_tokens=False)["input_ids"] for _, p, _ in probs for _ in range(spec["n"])]
@@ -174,7 +174,7 @@ def evaluate(spec: dict) -> dict:
         model, _ = hf.load(path)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         cfg = SamplingConfig(max_new_tokens=st.max_tokens, temperature=st.temperature, top_p=st.top_p,
-                             eos_ids=_stop_ids(tok, path), pad_id=int(pad))
+                             eos_ids=stop_ids(tok, path), pad_id=int(pad))
         return TextSampler(model, tok, cfg, batch_size=s["batch_size"])
 
     t0 = time.time()
