@@ -109,9 +109,14 @@ def pass_at_k_advantages(rewards_B: Array, group_size: int, k: int, eps: float =
     N = group_size
     correct_PxG = (jax.lax.stop_gradient(rewards_B) > 0).reshape(B // N, N)
     n_neg_P = N - correct_PxG.sum(axis=1)
-    R_P = 1.0 - _ratio_of_binomials(n_neg_P, N, k)
+    # R is exactly 0 (all wrong) or 1 (fewer than k wrong) by counting; float products can land a hair
+    # outside [0, 1] and make sqrt(R (1 - R)) NaN, so those groups are decided on the integers.
+    uniform_P = (n_neg_P == N) | (n_neg_P < k)
+    R_P = jnp.where(n_neg_P == N, 0.0, jnp.where(n_neg_P < k, 1.0,
+                                                 jnp.clip(1.0 - _ratio_of_binomials(n_neg_P, N, k), 0.0, 1.0)))
     s_P = jnp.sqrt(R_P * (1.0 - R_P))
     neg_P = 1.0 - R_P - _ratio_of_binomials(n_neg_P - 1, N - 1, k - 1)
     adv_PxG = jnp.where(correct_PxG, (1.0 - R_P)[:, None], neg_P[:, None]) / (s_P[:, None] + eps)
-    metrics = {"pass_at_k": R_P.mean(), "frac_zero_std": ((R_P == 0) | (R_P == 1)).astype(jnp.float32).mean()}
+    adv_PxG = jnp.where(uniform_P[:, None], 0.0, adv_PxG)  # no signal, exactly
+    metrics = {"pass_at_k": R_P.mean(), "frac_zero_std": uniform_P.astype(jnp.float32).mean()}
     return adv_PxG.reshape(B), metrics

@@ -125,3 +125,20 @@ def test_pass_at_k_advantage_is_the_subset_enumeration(k):
     assert not np.asarray(adv)[:2 * G].any()  # uniform groups carry no signal
     with pytest.raises(ValueError, match="k="):
         pass_at_k_advantages(jnp.asarray(rewards), G, G + 1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_pass_at_k_advantage_is_finite_and_exact_for_every_count(k):
+    """Every number of correct samples in a group of 8 (float32): finite, and the enumeration's value. A group
+    with fewer than k wrong samples has pass@k exactly 1; products of ratios used to land a hair above it and
+    make the std NaN (found by a run of configs/tiny.py with rl.pass_at_k=4)."""
+    from sage_jax.advantages import pass_at_k_advantages
+    G = 8
+    rewards = np.concatenate([(np.arange(G) < c).astype(np.float32) for c in range(G + 1)])
+    # jitted, as in the RL step: XLA may divide by multiplying with a reciprocal, so (8 - j) / (8 - j) != 1
+    adv, met = jax.jit(pass_at_k_advantages, static_argnums=(1, 2))(jnp.asarray(rewards, jnp.float32), G, k)
+    want, Rs = zip(*[_brute_force_pass_at_k(list(rewards[g:g + G]), k) for g in range(0, len(rewards), G)])
+    assert np.isfinite(np.asarray(adv)).all()
+    np.testing.assert_allclose(np.asarray(adv), np.concatenate(want), rtol=1e-4, atol=1e-4)
+    assert 0.0 <= float(met["pass_at_k"]) <= 1.0
+    np.testing.assert_allclose(float(met["pass_at_k"]), np.mean(Rs), rtol=1e-6)
