@@ -110,7 +110,7 @@ def test_pathological_batch_returns_in_time_with_zeros():
         elapsed = time.monotonic() - t0
         assert elapsed < 2 * timeout, elapsed
         np.testing.assert_array_equal(got, np.zeros(len(bad), np.float32))
-        assert stats.rejected >= 2  # the towers never reach sympy (verifier_pool.too_costly)
+        assert stats.rejected >= 2  # the towers never reach sympy (answer_cost.too_costly)
         # a gold is trusted and parsed: a tower there is stopped by the hard timeout, and the worker replaced
         t0 = time.monotonic()
         got, stats = p.verify(["\\boxed{3}"], ["9^{9^{9^{9}}}"])
@@ -130,7 +130,7 @@ CHEAP = ["2^{10}", "10^{100}", "5!", "(3+4)!", "\\binom{10}{3}", "x^{2}", "2^{64
 
 
 def test_too_costly_flags_unbounded_answers_and_passes_real_ones():
-    from sage_jax.verifier_pool import too_costly
+    from sage_jax.answer_cost import too_costly
     assert [a for a in COSTLY if not too_costly(a)] == []
     assert [a for a in CHEAP if too_costly(a)] == []
 
