@@ -21,8 +21,8 @@ rewards.register_reward("slow_exact_match", _slow_exact_match)
 def _crash_at(n: int) -> None:
     """CRASH_AT_BATCH=N: the data iterator raises when batch N is drawn (a crash mid-training, with an
     asynchronous checkpoint save possibly under way)."""
-    from sage_jax import train
-    make = train.prompt_iterator
+    from sage_jax import train_data
+    make = train_data.prompt_iterator
 
     class Crashing:
         def __init__(self, it):
@@ -37,7 +37,7 @@ def _crash_at(n: int) -> None:
         def __getattr__(self, name):
             return getattr(self.it, name)
 
-    train.prompt_iterator = lambda *a, **k: Crashing(make(*a, **k))
+    train_data.prompt_iterator = lambda *a, **k: Crashing(make(*a, **k))
 
 
 if os.environ.get("CRASH_AT_BATCH"):
