@@ -320,19 +320,20 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         y = y.reshape(C, N // C, G, *y.shape[2:])
         return jnp.moveaxis(y, 0, 1).reshape(B, *y.shape[3:])
 
-    def score_rows(model, p_N, pm_N, toks, cm, tk, fm):
-        return (grouped_logp_entropy(model, p_N, pm_N, toks, cm, cfg.logp_chunk, temp) if cfg.share_prompt
-                else sequence_logp_entropy(model, tk, fm, P, cfg.logp_chunk, temp))
+    # (array, rows per prompt) of what a no-gradient pass reads, and the pass itself
+    if cfg.share_prompt:
+        score_args = ((prompt_N, 1), (pmask_N, 1), (out.tokens_BxT, G), (cmask, G))
+        score_rows = lambda model, p, pm, t, cm: grouped_logp_entropy(model, p, pm, t, cm, cfg.logp_chunk, temp)
+    else:
+        score_args = ((tokens, G), (fmask, G))
+        score_rows = lambda model, t, fm: sequence_logp_entropy(model, t, fm, P, cfg.logp_chunk, temp)
 
     def score(model):
         """(logp_BxT, entropy_BxT) of the rollout under `model`, no gradient; in `rl.score_chunks` sequential
         row chunks (whole groups each), so the attention of only B / C rows is live at a time."""
-        pn, pmn = (prompt_N, pmask_N) if cfg.share_prompt else (prompt[::G], pmask[::G])
-        args = (pn, pmn, out.tokens_BxT, cmask, tokens, fmask)
         if C == 1:
-            return jax.lax.stop_gradient(score_rows(model, *args))
-        pers = (1, 1, G, G, G, G)
-        parts = jax.lax.map(lambda a: score_rows(model, *a), tuple(chunked(x, per) for x, per in zip(args, pers)))
+            return jax.lax.stop_gradient(score_rows(model, *(x for x, _ in score_args)))
+        parts = jax.lax.map(lambda a: score_rows(model, *a), tuple(chunked(x, per) for x, per in score_args))
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 
     # ---- frozen reference (not compiled at all when beta == 0)
