@@ -93,6 +93,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
     c.rl.score_chunks = 1  # the reference (and old-logp) pass in this many row chunks; 1 = all rows at once
+    # DAPO's sample-level options (sage_jax/dapo.py), off by default:
+    c.rl.dynamic_sampling = 1  # k > 1: sample k x data.batch_size prompts per step, train on data.batch_size
+    #                            of them, groups with unequal rewards first (1 = off)
+    c.rl.overlong_buffer = 0  # soft overlong penalty over the last this-many tokens of rollout.max_new_tokens (0 = off)
+    c.rl.overlong_penalty = 1.0  # its factor: a truncated completion's reward gets -overlong_penalty
+    c.rl.overlong_filter = False  # truncated completions (no EOS) out of the loss
     c.rl.num_iterations = 1
     c.rl.num_minibatches = 1
     c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
@@ -259,7 +265,9 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
                         max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
                         share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"),
                         dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k,
-                        score_chunks=c.rl.score_chunks)
+                        score_chunks=c.rl.score_chunks, dynamic_sampling=c.rl.dynamic_sampling,
+                        overlong_buffer=c.rl.overlong_buffer, overlong_penalty=c.rl.overlong_penalty,
+                        overlong_filter=c.rl.overlong_filter)
     except ValueError as e:
         raise ConfigValidationError(f"rl: {e}") from None
 

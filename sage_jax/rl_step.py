@@ -1,12 +1,13 @@
 """The fused RL step: rollout -> verifier reward -> advantages -> reference -> guide -> loss -> update.
 
-Dimension key: N prompts in the batch, G completions per prompt, B = N * G rows (group-contiguous),
+Dimension key: N prompts trained on, G completions per prompt, B = N * G rows (group-contiguous),
 P prompt length (left padded), T completion length, A answer tokens, M minibatches.
 
 One jitted program per step (`make_rl_step`), compiled once and reused:
 
-  prompts_NxP --repeat G--> BxP --generate (KV cache)--> tokens_BxT, mask_BxT, sampler logp_BxT
-  --host callback (per shard)--> rewards_B --group_advantages--> adv_B
+  prompts --generate (KV cache)--> tokens_BxT, mask_BxT, sampler logp_BxT
+  --host callback (per shard)--> rewards_B --group_advantages--> adv_B     (sage_jax/rollout.py; with DAPO's
+                                 dynamic sampling, N of the batch's prompts are kept after the rewards)
   --frozen reference (only when beta > 0)--> ref_logp_BxT
   --scan over num_iterations x M minibatch updates:
         policy logp, entropy (chunked) -> guide q -> policy_loss -> grads -> optax update
@@ -37,12 +38,12 @@ from flax import nnx
 
 from sage_jax import guides, losses
 from sage_jax import sharding as shd
-from sage_jax.advantages import group_advantages, pass_at_k_advantages
 from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.models import lora as lora_lib
 from sage_jax.models.decoder import positions_from_mask
-from sage_jax.reward_host import HostReward, host_rewards
-from sage_jax.sampling import SamplingConfig, generate
+from sage_jax.reward_host import HostReward
+from sage_jax.rollout import rollout
+from sage_jax.sampling import SamplingConfig
 
 Array = jax.Array
 
@@ -74,6 +75,13 @@ class RLConfig:
     # sequential row chunks of whole groups: their attention scores (rows x heads x S^2) are live for B / C
     # rows at a time. 1 = all rows at once. Same numbers either way.
     score_chunks: int = 1
+    # DAPO's sample-level options (sage_jax/dapo.py): sample dynamic_sampling x the trained prompts, train on
+    # the groups with unequal rewards first (1 = off); the soft overlong penalty over the last
+    # overlong_buffer tokens (0 = off), times overlong_penalty; truncated completions out of the loss.
+    dynamic_sampling: int = 1
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    overlong_filter: bool = False
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -87,6 +95,11 @@ class RLConfig:
             raise ValueError(f"rl.score_chunks must be >= 1, got {self.score_chunks}")
         if not 0 <= self.pass_at_k <= self.group_size:
             raise ValueError(f"rl.pass_at_k={self.pass_at_k} must be in [0, group_size={self.group_size}] (0 = off)")
+        if self.dynamic_sampling < 1:
+            raise ValueError(f"rl.dynamic_sampling={self.dynamic_sampling} must be >= 1 (1 = off)")
+        if not 0 <= self.overlong_buffer <= self.sampling.max_new_tokens:
+            raise ValueError(f"rl.overlong_buffer={self.overlong_buffer} must be in [0, rollout.max_new_tokens="
+                             f"{self.sampling.max_new_tokens}] (0 = off)")
         if self.dapo_normalizer not in ("generation", "window"):
             raise ValueError(f"rl.dapo_normalizer={self.dapo_normalizer!r} is not one of generation, window")
         if self.remat not in (None, "none", "full", "dots"):
@@ -261,6 +274,9 @@ def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConf
     if mesh is None:
         return _rl_step(state, batch, **kw)
     shd.check_rows(batch["prompt"].shape[0] * cfg.group_size, mesh, "rows (prompts per step x rl.group_size)")
+    if cfg.dynamic_sampling > 1:
+        shd.check_rows(batch["prompt"].shape[0] // cfg.dynamic_sampling * cfg.group_size, mesh,
+                       "rows trained on (data.batch_size x rl.group_size)")
     batch = jax.lax.with_sharding_constraint(batch, shd.batch_shardings(batch, mesh))
     with shd.activation_sharding(mesh):
         new_state, metrics = _rl_step(state, batch, **kw)
@@ -271,12 +287,6 @@ def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConf
 def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
              reward_host: HostReward, mesh=None) -> tuple[TrainState, dict[str, Array]]:
     G, M = cfg.group_size, cfg.num_minibatches
-    # Rows over (data, fsdp) under a sharded step (identity otherwise).
-    rep = lambda x: shd.constrain(jnp.repeat(x, G, axis=0), ("batch", None))
-    prompt, pmask, answers = rep(batch["prompt"]), rep(batch["prompt_mask"]), rep(batch["answer"])
-    B, P = prompt.shape
-    if B % M:
-        raise ValueError(f"rows B={B} (prompts x group_size) not divisible by rl.num_minibatches={M}")
     temp = cfg.sampling.temperature or 1.0
     key = jax.random.fold_in(state.rng, state.step)
     k_sample, k_guide = jax.random.split(key)
@@ -286,23 +296,21 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     # LoRA: the reference is the same base arrays with zeroed adapters (exactly the base model; no copy)
     ref_params = state.ref_params if frozen is None else jax.tree.map(jnp.zeros_like, state.params)
 
-    # ---- rollout and reward
+    # ---- rollout, reward, advantages (and DAPO's sample-level options)
     policy = merge(jax.lax.stop_gradient(state.params))
-    if cfg.share_prompt:
-        one = lambda x: shd.constrain(x, ("batch", None))
-        prompt_N, pmask_N = one(batch["prompt"]), one(batch["prompt_mask"])
-        out = generate(policy, prompt_N, pmask_N, k_sample, cfg.sampling, group_size=G)
-    else:
-        out = generate(policy, prompt, pmask, k_sample, cfg.sampling)
-    cmask = out.mask_BxT
-    rewards, failed = host_rewards(reward_host, out.tokens_BxT, cmask, answers, mesh)
-    adv, adv_metrics = group_advantages(rewards, G, cfg.scale_rewards)
-    if cfg.pass_at_k:  # same reward metrics, the pass@k advantage in place of the group one
-        adv, pk_metrics = pass_at_k_advantages(rewards, G, cfg.pass_at_k)
-        adv_metrics = {**adv_metrics, **pk_metrics}
-    tokens = jnp.concatenate([prompt, out.tokens_BxT], axis=1)
+    if batch["prompt"].shape[0] % cfg.dynamic_sampling:
+        raise ValueError(f"{batch['prompt'].shape[0]} prompts sampled, not a multiple of rl.dynamic_sampling="
+                         f"{cfg.dynamic_sampling}")
+    ro = rollout(policy, batch, k_sample, cfg, reward_host, mesh)
+    prompt_N, pmask_N, cmask, lmask, adv = ro.prompt_NxP, ro.pmask_NxP, ro.cmask_BxT, ro.loss_mask_BxT, ro.adv_B
+    rep = lambda x: shd.constrain(jnp.repeat(x, G, axis=0), ("batch", None))
+    prompt, pmask = rep(prompt_N), rep(pmask_N)
+    B, P = prompt.shape
+    if B % M:
+        raise ValueError(f"rows B={B} (prompts x group_size) not divisible by rl.num_minibatches={M}")
+    tokens = jnp.concatenate([prompt, ro.tokens_BxT], axis=1)
     fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
-    num_tokens = cmask.sum()
+    num_tokens = lmask.sum()  # the tokens the loss reads
 
     C = cfg.score_chunks
     N = B // G
@@ -322,7 +330,7 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
 
     # (array, rows per prompt) of what a no-gradient pass reads, and the pass itself
     if cfg.share_prompt:
-        score_args = ((prompt_N, 1), (pmask_N, 1), (out.tokens_BxT, G), (cmask, G))
+        score_args = ((prompt_N, 1), (pmask_N, 1), (ro.tokens_BxT, G), (cmask, G))
         score_rows = lambda model, p, pm, t, cm: grouped_logp_entropy(model, p, pm, t, cm, cfg.logp_chunk, temp)
     else:
         score_args = ((tokens, G), (fmask, G))
@@ -364,13 +372,13 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
             model.remat = cfg.remat  # static attribute of this traced copy only
         if frozen is not None and model.lora_cfg.dropout > 0:
             lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
-        tok, fm, cm = take(tokens, i), take(fmask, i), take(cmask, i)
+        tok, fm, cm, lm = take(tokens, i), take(fmask, i), take(cmask, i), take(lmask, i)
         if share_train:
             logp, ent = grouped_logp_entropy(model, take_prompts(prompt_N, i), take_prompts(pmask_N, i),
-                                             take(out.tokens_BxT, i), cm, cfg.logp_chunk, temp)
+                                             take(ro.tokens_BxT, i), cm, cfg.logp_chunk, temp)
         else:
             logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
-        inputs = guides.GuideInputs(mask_BxT=cm, step=step, max_steps=cfg.max_steps, key=gkey,
+        inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))
         log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
@@ -378,13 +386,13 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         if cfg.needs_ref and cfg.loss.kl_mode == "forward":
             fkl = _forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp)
         old = take(old_logp, i)
-        loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), cm, cfg.loss,
+        loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), lm, cfg.loss,
                                      num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
-                                     sampler_logp_BxT=take(out.raw_logp_BxT, i), entropy_BxT=ent)
-        mf = cm.astype(jnp.float32)
+                                     sampler_logp_BxT=take(ro.raw_logp_BxT, i), entropy_BxT=ent)
+        mf = lm.astype(jnp.float32)
         n = jnp.maximum(mf.sum(), 1.0)
-        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(out.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
-        m.update(guides.guide_metrics(q, cm))
+        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(ro.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
+        m.update(guides.guide_metrics(q, lm))
         m.update(entropy=(ent * mf).sum() / n, logp_diff_mean=diff.sum() / n, logp_diff_max=diff.max())
         return loss, m
 
@@ -395,11 +403,11 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         if A == 1:
             (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey)
         else:
-            mb_tokens = jax.lax.dynamic_slice_in_dim(cmask, i * rows * A, rows * A, axis=0).sum()
+            mb_tokens = jax.lax.dynamic_slice_in_dim(lmask, i * rows * A, rows * A, axis=0).sum()
 
             def micro_fn(p, j):
                 loss, mj = loss_fn(p, i * A + j, step, jax.random.fold_in(gkey, j))
-                shr = lambda x: micro_loss_share(x, take(cmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
+                shr = lambda x: micro_loss_share(x, take(lmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
                 # the loss terms add up over micro-batches like the loss itself (for dapo a mean would be 1/A)
                 mj.update({k: shr(mj[k]) for k in ("pg_loss", "kl_loss") if k in mj})
                 return shr(loss), mj
@@ -427,16 +435,7 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     for k in ("q_mean", "q_min", "q_max", "frac_shaped"):
         metrics[f"sage/{k}"] = ms[k].min() if k == "q_min" else ms[k].max() if k == "q_max" else ms[k].mean()
         metrics.pop(f"train/{k}", None)
-    metrics.update({f"reward/{k}": v for k, v in adv_metrics.items()})
-    metrics["reward/failed"] = (failed > 0).sum()  # not verified (scored 0): the codes of rewards.FAIL_*
-    for code, name in ((2, "timeouts"), (3, "gold_unparsed"), (4, "verifier_errors")):
-        metrics[f"reward/{name}"] = (failed == code).sum()
-    lengths = cmask.sum(axis=1)
-    stopped = jnp.any(jnp.isin(out.tokens_BxT, jnp.asarray(cfg.sampling.eos_ids or (-1,), jnp.int32))
-                      & cmask.astype(bool), axis=1)
-    metrics.update({"rollout/length_mean": lengths.mean(), "rollout/length_min": lengths.min(),
-                    "rollout/length_max": lengths.max(), "rollout/truncated_frac": 1.0 - stopped.mean(),
-                    "rollout/tokens": num_tokens})
+    metrics.update(ro.metrics)
     new_state = state.replace(step=step, params=params, opt_state=opt_state)
     return new_state, metrics
 

@@ -38,10 +38,12 @@ def train_source(c, s, split: str):
 def prompt_iterator(c, s, source, seed: int):
     from sage_jax.data.pipeline import make_prompt_iterator
     n_proc = jax.process_count()
-    if c.data.batch_size % n_proc:
+    # DAPO's dynamic sampling draws rl.dynamic_sampling x the prompts it trains on
+    sampled = c.data.batch_size * (c.rl.get("dynamic_sampling", 1) if c.mode == "rl" else 1)
+    if sampled % n_proc:
         raise config_lib.ConfigValidationError(
-            f"data.batch_size={c.data.batch_size} is not divisible by the {n_proc} processes")
-    return make_prompt_iterator(source, batch_size=c.data.batch_size // n_proc, seed=seed,
+            f"data.batch_size={c.data.batch_size} (x rl.dynamic_sampling) is not divisible by the {n_proc} processes")
+    return make_prompt_iterator(source, batch_size=sampled // n_proc, seed=seed,
                                 template=c.data.template, tokenizer=s.tokenizer, system_prompt=c.data.system_prompt)
 
 

@@ -12,7 +12,7 @@ from sage_jax.config_lib import ConfigValidationError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {"tiny.py": [None, "grpo", "branch", "token", "random"], "qwen_math.py": [None, "grpo", "dapo", "bnpo"],
             "r1_distill_qwen.py": [None, "grpo"], "tiny_sft.py": [None],
-            "sage_official.py": [None, "grpo", "nokl", "token", "random"]}
+            "sage_official.py": [None, "grpo", "nokl", "token", "random"], "dapo.py": [None, "qwen_math"]}
 
 
 def _load(name, arg=None):
@@ -73,6 +73,21 @@ def test_paper_setup_values():
     assert dict(c.sage.branch) == dict(ratio=0.3, threshold=1.2, q_min=0.6, q_max=1.4, source="new")
 
 
+def test_dapo_preset_is_the_published_recipe():
+    """configs/dapo.py against DAPO's section 4.1 (arXiv 2503.14476) and verl's recipe/dapo script."""
+    c = _load("dapo.py")
+    assert (c.rl.eps_low, c.rl.eps_high, c.rl.beta, c.sage.guide) == (0.2, 0.28, 0.0, "none")
+    assert (c.rollout.group_size, c.data.batch_size, c.rollout.max_new_tokens, c.data.max_prompt_tokens) == (
+        16, 512, 20480, 2048)
+    assert c.data.batch_size * c.rollout.group_size // c.rl.num_minibatches == 512  # completions per update
+    assert (c.rl.overlong_buffer, c.rl.dynamic_sampling, c.rl.loss_type) == (4096, 3, "bnpo")
+    assert c.rl.overlong_penalty == 0.5  # DAPO's factor 1 on +-1 rewards, on this verifier's 1 / 0
+    assert (c.optim.learning_rate, c.optim.weight_decay, c.optim.grad_clip_norm) == (1e-6, 0.1, 1.0)
+    assert c.optim.warmup_steps == 20 * c.rl.num_minibatches  # 20 rollout steps
+    q = _load("dapo.py", "qwen_math")
+    assert q.rl.overlong_buffer == round(q.rollout.max_new_tokens / 5) and q.rl.dynamic_sampling == 3
+
+
 @pytest.mark.parametrize("edit,field", [
     (lambda c: setattr(c.sage, "guide", "nope"), "sage.guide"),
     (lambda c: (setattr(c.rl, "beta", 0.0), setattr(c.sage, "guide", "branch")), "rl.beta=0"),
@@ -105,6 +120,8 @@ def test_paper_setup_values():
     (lambda c: setattr(c.rl, "pass_at_k", 9), "pass_at_k"),  # tiny.py: groups of 8
     (lambda c: setattr(c.sage, "form", "objective"), "sage_form"),
     (lambda c: setattr(c.rl, "score_chunks", 3), "rl.score_chunks"),  # 8 prompts
+    (lambda c: setattr(c.rl, "dynamic_sampling", 0), "rl.dynamic_sampling"),
+    (lambda c: setattr(c.rl, "overlong_buffer", 97), "rl.overlong_buffer"),  # tiny.py: 96 completion tokens
 ])
 def test_invalid_configs_name_the_field(edit, field):
     c = _load("tiny.py")

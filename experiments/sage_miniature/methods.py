@@ -13,10 +13,22 @@ from __future__ import annotations
 import dataclasses
 
 BETA = 0.05  # the paper's KL coefficient (k3 against the shaped anchor)
-# "dapo" as this repo defines it (configs/qwen_math.py:dapo): DAPO's token-level aggregation
-# (loss_type="dapo"), with the clip range of the other methods (eps_low = eps_high = 0.2). DAPO's paper
-# also uses clip-higher (eps_high 0.28), dynamic sampling and an overlong penalty; none is applied here.
-DAPO_EPS_HIGH = 0.2
+TINY_MAX_NEW_TOKENS = 96  # configs/tiny.py's completion budget
+
+
+def _dapo_algorithm() -> dict:
+    """The published DAPO's algorithmic fields (configs/dapo.py: clip-higher 0.28, dynamic sampling from 3x
+    the prompts, token-level loss, the soft overlong penalty over the last fifth of the budget, no KL)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "dapo.py")
+    spec = importlib.util.spec_from_file_location("dapo_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.algorithm(TINY_MAX_NEW_TOKENS)
+
+
+DAPO = _dapo_algorithm()
 THRESHOLD = "calibrated"  # placeholder replaced by calibration.json's threshold (see run.py)
 
 # Published averages (AIME, AMC23, MATH-500; Qwen2.5-Math-7B base) as quoted in docs/design.md
@@ -47,16 +59,17 @@ METHODS: list[Method] = [
     Method("base", "base model (no training)", None, (0.227, 0.708)),
     _m("grpo", "GRPO + KL (guide none)", (0.266, 0.714), rl__loss_type="grpo", sage__guide="none", **_KL),
     _m("bnpo", "BNPO, no KL", (0.243, 0.699), rl__loss_type="bnpo", sage__guide="none", rl__beta=0.0),
-    _m("dapo", "DAPO, no KL", (0.264, 0.696), rl__loss_type="dapo", rl__eps_high=DAPO_EPS_HIGH,
-       sage__guide="none", rl__beta=0.0),
+    Method("dapo", "DAPO (published: clip-higher, dynamic sampling, token-level loss, overlong penalty), no KL",
+           dict(DAPO), (0.264, 0.696)),
     _m("forward_kl", "GRPO + forward KL to the reference", None, rl__loss_type="grpo", sage__guide="none",
        rl__beta=BETA, rl__kl_mode="forward"),
     _m("sage_branch", "GRPO + SAGE branch guide", (0.284, 0.729), rl__loss_type="grpo", **_KL, **_BRANCH),
     _m("sage_token", "GRPO + SAGE token guide", None, rl__loss_type="grpo", sage__guide="token", **_KL),
     _m("sage_random", "GRPO + SAGE random guide", None, rl__loss_type="grpo", sage__guide="random", **_KL),
     _m("bnpo_branch", "BNPO + KL + branch guide", (0.271, 0.715), rl__loss_type="bnpo", **_KL, **_BRANCH),
-    _m("dapo_branch", "DAPO + KL + branch guide", (0.267, 0.712), rl__loss_type="dapo",
-       rl__eps_high=DAPO_EPS_HIGH, **_KL, **_BRANCH),
+    Method("dapo_branch", "DAPO + KL + branch guide", {**DAPO, "rl.beta": BETA, "rl.kl_mode": "reverse",
+                                                       "sage.guide": "branch", "sage.branch.threshold": THRESHOLD},
+           (0.267, 0.712)),
 ]
 BY_KEY = {m.key: m for m in METHODS}
 

@@ -1,0 +1,102 @@
+"""The RL step's first phase: rollout, verifier reward, DAPO's sample-level options, advantages.
+
+Dimension key: K prompts sampled this step, N = K / rl.dynamic_sampling prompts trained on, G completions
+per prompt, B = N * G rows (group-contiguous), P prompt length, T completion length.
+
+    prompts_KxP --generate--> K * G completions --host verifier--> rewards
+      [overlong penalty: reward + factor * R_len]  [dynamic sampling: the N informative groups first]
+      --group advantages--> adv_B,  loss_mask_BxT (masked: uninformative fill-in groups, overlong-filtered rows)
+
+The completion mask (`cmask_BxT`: which positions hold tokens, what attention and positions read) and the
+loss mask (`loss_mask_BxT`: which tokens the loss and its token counts read) differ only under the DAPO
+options; without them they are the same array. Rollout metrics describe every generated completion, the
+`reward/*` means every generated reward (what the policy scores); advantages and the loss see the kept rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sage_jax import dapo
+from sage_jax import sharding as shd
+from sage_jax.advantages import group_advantages, pass_at_k_advantages
+from sage_jax.reward_host import HostReward, host_rewards
+from sage_jax.sampling import generate
+
+Array = jax.Array
+
+
+class Rollout(NamedTuple):
+    prompt_NxP: Array  # the prompts trained on (left padded)
+    pmask_NxP: Array
+    tokens_BxT: Array  # their completions, G per prompt
+    cmask_BxT: Array  # int32, 1 on real completion tokens
+    loss_mask_BxT: Array  # int32, the tokens the loss reads (cmask without masked rows)
+    raw_logp_BxT: Array | None  # the sampler's log-probs before top-k / top-p / min-p
+    adv_B: Array
+    metrics: dict[str, Array]
+
+
+def _stopped(tokens_BxT, cmask_BxT, eos_ids) -> Array:
+    """Rows that ended with an end-of-sequence token (the others were truncated at max_new_tokens)."""
+    eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
+    return jnp.any(jnp.isin(tokens_BxT, eos) & cmask_BxT.astype(bool), axis=1)
+
+
+def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, mesh=None) -> Rollout:
+    """Samples G completions for each of the batch's prompts, scores them and keeps the step's rows.
+
+    `cfg`: the step's RLConfig (group_size, sampling, share_prompt, scale_rewards, pass_at_k and the DAPO
+    fields dynamic_sampling, overlong_buffer, overlong_penalty, overlong_filter)."""
+    G, k = cfg.group_size, cfg.dynamic_sampling
+    rows = lambda x: shd.constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+    rep = lambda x: rows(jnp.repeat(x, G, axis=0))
+    prompt, pmask = rows(batch["prompt"]), rows(batch["prompt_mask"])
+    if cfg.share_prompt:
+        out = generate(policy, prompt, pmask, key, cfg.sampling, group_size=G)
+    else:
+        out = generate(policy, rep(batch["prompt"]), rep(batch["prompt_mask"]), key, cfg.sampling)
+    tokens, cmask, raw_logp = out.tokens_BxT, out.mask_BxT, out.raw_logp_BxT
+    rewards, failed = host_rewards(reward_host, tokens, cmask, rep(batch["answer"]), mesh)
+    lengths = cmask.sum(axis=1)
+    stopped = _stopped(tokens, cmask, cfg.sampling.eos_ids)
+    metrics = {"rollout/length_mean": lengths.mean(), "rollout/length_min": lengths.min(),
+               "rollout/length_max": lengths.max(), "rollout/truncated_frac": 1.0 - stopped.mean(),
+               "rollout/tokens": cmask.sum()}
+    metrics["reward/failed"] = (failed > 0).sum()  # not verified (scored 0): the codes of rewards.FAIL_*
+    for code, name in ((2, "timeouts"), (3, "gold_unparsed"), (4, "verifier_errors")):
+        metrics[f"reward/{name}"] = (failed == code).sum()
+
+    shaped = rewards
+    if cfg.overlong_buffer:
+        penalty = dapo.overlong_penalty(lengths, cfg.sampling.max_new_tokens, cfg.overlong_buffer,
+                                        cfg.overlong_penalty)
+        shaped = rewards + penalty
+        metrics.update({"reward/overlong_penalty_mean": penalty.mean(), "reward/shaped_mean": shaped.mean()})
+    keep_B = jnp.ones(rewards.shape, bool)
+    if k > 1:
+        # DAPO's dynamic sampling: the generation metrics above cover all K groups, the rest the kept N
+        metrics.update({f"reward/{m}": v for m, v in group_advantages(rewards, G, cfg.scale_rewards)[1].items()})
+        idx, informative, ds = dapo.select_groups(rewards, G, rewards.shape[0] // G // k)
+        metrics.update({f"dynamic/{m}_groups": v for m, v in ds.items()})
+        take = dapo.group_rows(idx, G)
+        prompt, pmask = rows(prompt[idx]), rows(pmask[idx])
+        tokens, cmask, shaped, stopped = (rows(x[take]) for x in (tokens, cmask, shaped, stopped))
+        raw_logp = None if raw_logp is None else rows(raw_logp[take])
+        keep_B = jnp.repeat(informative, G)
+    if cfg.overlong_filter:
+        keep_B = keep_B & stopped
+        metrics["rollout/overlong_filtered"] = jnp.logical_not(stopped).sum()
+    loss_mask = cmask if (k == 1 and not cfg.overlong_filter) else cmask * keep_B[:, None].astype(cmask.dtype)
+
+    adv, adv_metrics = group_advantages(shaped, G, cfg.scale_rewards)
+    if cfg.pass_at_k:  # the pass@k advantage in place of the group one
+        adv, pk_metrics = pass_at_k_advantages(shaped, G, cfg.pass_at_k)
+        adv_metrics = {**adv_metrics, **pk_metrics}
+    if k > 1:  # the kept batch's statistics, beside those of the generated one
+        adv_metrics = {f"kept_{m}": v for m, v in adv_metrics.items()}
+    metrics.update({f"reward/{m}": v for m, v in adv_metrics.items()})
+    return Rollout(prompt, pmask, tokens, cmask, loss_mask, raw_logp, adv, metrics)
