@@ -26,20 +26,22 @@ model, data, batch, lengths and evaluation (Qwen2.5-Math-7B has a 4k context, so
 its 3072 completion tokens).
 """
 
-from sage_jax.config_lib import default_config
-
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 OVERSAMPLE = 3  # verl recipe/dapo: gen_prompt_bsz = 3 x train_prompt_bsz
 BUFFER_FRACTION = 4096 / 20480  # the soft-penalty buffer's share of the completion budget
 PENALTY = 0.5  # 1.0 on DAPO's +-1 rewards = 0.5 on this verifier's 1 / 0 (see the docstring)
 
 
-def algorithm(max_new_tokens: int) -> dict:
-    """DAPO's algorithmic fields as dotted config overrides, for a completion budget of `max_new_tokens`."""
+def algorithm(max_new_tokens: int, buffer: int | None = None) -> dict:
+    """DAPO's algorithmic fields as dotted config overrides (no sage_jax import: experiments read it too).
+
+    The soft-penalty buffer: `buffer` tokens at the end of a `max_new_tokens` budget; None = DAPO's share,
+    a fifth. DAPO puts it past the expected longest answer (16384 of 20480); where a task's longest correct
+    answer is known, pass the tokens past it."""
+    buffer = max(1, round(BUFFER_FRACTION * max_new_tokens)) if buffer is None else buffer
     return {"rl.loss_type": "bnpo", "rl.eps_low": EPS_LOW, "rl.eps_high": EPS_HIGH, "rl.beta": 0.0,
-            "sage.guide": "none", "rl.dynamic_sampling": OVERSAMPLE,
-            "rl.overlong_buffer": max(1, round(BUFFER_FRACTION * max_new_tokens)), "rl.overlong_penalty": PENALTY,
-            "rl.overlong_filter": False}
+            "sage.guide": "none", "rl.dynamic_sampling": OVERSAMPLE, "rl.overlong_buffer": buffer,
+            "rl.overlong_penalty": PENALTY, "rl.overlong_filter": False}
 
 
 def _apply(c, fields: dict):
@@ -50,6 +52,7 @@ def _apply(c, fields: dict):
 
 
 def get_config(arg=None):
+    from sage_jax.config_lib import default_config
     if arg == "qwen_math":
         import importlib.util
         import os

@@ -251,3 +251,17 @@ def test_second_invocation_skips_finished_work(study):
     assert wall < max(60.0, first_wall / 2)
     assert {f: (out / f).read_bytes() for f in files} == before
     assert {p: p.stat().st_mtime_ns for p in markers} == markers
+
+
+def test_readme_methods_table_is_what_the_study_runs():
+    """README's methods table lists each method's overrides exactly as methods.py sets them (the calibrated
+    threshold as <calibrated>), so the text cannot drift from what runs; the DAPO rows are configs/dapo.py's."""
+    (methods,) = _study_modules("methods")
+    table = next(t for t in _tables((STUDY / "README.md").read_text()) if t and t[0][0] == "`base`")
+    rows = {r[0].strip("`"): r[2] for r in table}
+    for m in methods.METHODS:
+        want = "(no training)" if not m.trained else ", ".join(
+            f"`{k}=<calibrated>`" if v == methods.THRESHOLD else f"`{k}={v!r}`" for k, v in m.overrides.items())
+        assert rows[m.key] == want, m.key
+    assert {"rl.dynamic_sampling", "rl.overlong_buffer", "rl.eps_high"} <= set(methods.BY_KEY["dapo"].overrides)
+    assert methods.BY_KEY["dapo"].overrides["rl.eps_high"] == 0.28

@@ -32,6 +32,11 @@ OPTIONS = {  # name: (flags, the metrics it adds)
     "clip-higher 0.28 + dapo": (["--config.rl.eps_high=0.28", "--config.rl.loss_type=dapo"],
                                 ["train/clip_high"]),
     "reference in 2 row chunks": (["--config.rl.score_chunks=2"], []),
+    "DAPO dynamic sampling, 3x prompts": (["--config.rl.dynamic_sampling=3"],
+                                          ["dynamic/informative_groups", "dynamic/kept_groups",
+                                           "dynamic/short_groups", "reward/kept_frac_zero_std"]),
+    "overlong penalty (buffer 19) + filter": (["--config.rl.overlong_buffer=19", "--config.rl.overlong_filter=True"],
+                                              ["reward/overlong_penalty_mean", "rollout/overlong_filtered"]),
 }
 COMMON = ["reward/reward_mean", "train/kl", "train/loss", "perf/step_s"]
 

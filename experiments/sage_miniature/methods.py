@@ -13,19 +13,23 @@ from __future__ import annotations
 import dataclasses
 
 BETA = 0.05  # the paper's KL coefficient (k3 against the shaped anchor)
-TINY_MAX_NEW_TOKENS = 96  # configs/tiny.py's completion budget
+TINY_MAX_NEW_TOKENS = 96  # configs/tiny.py's completion budget: the longest worked solution, 89 characters + EOS
+# DAPO's soft overlong penalty starts past the expected longest answer (16384 of its 20480 tokens); here the
+# longest correct completion is known, 90 tokens, so the buffer is the 6 tokens past it. A fifth of the
+# budget (19 tokens, from 77) would penalise correct long solutions, which DAPO's setting never does.
+DAPO_BUFFER = TINY_MAX_NEW_TOKENS - 90
 
 
 def _dapo_algorithm() -> dict:
     """The published DAPO's algorithmic fields (configs/dapo.py: clip-higher 0.28, dynamic sampling from 3x
-    the prompts, token-level loss, the soft overlong penalty over the last fifth of the budget, no KL)."""
+    the prompts, token-level loss, the soft overlong penalty past the longest answer, no KL)."""
     import importlib.util
     import os
     path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "dapo.py")
     spec = importlib.util.spec_from_file_location("dapo_config", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.algorithm(TINY_MAX_NEW_TOKENS)
+    return mod.algorithm(TINY_MAX_NEW_TOKENS, DAPO_BUFFER)
 
 
 DAPO = _dapo_algorithm()

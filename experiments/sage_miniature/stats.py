@@ -175,6 +175,12 @@ CLAIMS = [
          {"name": "BNPO (no KL) - GRPO (KL), pass@kmax", "terms": [(1, "bnpo", "kmax"), (-1, "grpo", "kmax")],
           "sign": -1, "counted": False},
          {"name": "DAPO (no KL) - GRPO (KL), pass@kmax", "terms": [(1, "dapo", "kmax"), (-1, "grpo", "kmax")],
+          "sign": -1, "counted": False},
+         # the published DAPO (dynamic sampling, clip-higher) trades exploration for pass@1
+         {"name": "DAPO (no KL) - GRPO (KL), pass@1", "terms": [(1, "dapo", "pass@1"), (-1, "grpo", "pass@1")],
+          "sign": 1, "counted": False},
+         {"name": "DAPO (no KL) - GRPO (KL), distinct_correct_strategies",
+          "terms": [(1, "dapo", "distinct_correct_strategies"), (-1, "grpo", "distinct_correct_strategies")],
           "sign": -1, "counted": False}]},
     {"id": "forward_kl_misplaces",
      "claim": "Forward KL misplaces mass: it spreads probability without buying the accuracy or coverage "
