@@ -40,6 +40,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
     c.model.param_dtype = "float32"  # storage dtype of parameters
     c.model.remat = "none"  # training-forward rematerialisation per block: none | full | dots
+    c.model.attention_chunk = 0  # multi-token attention in query chunks of this many tokens (0 = all at once):
+    #                              float32 scores of chunk x S live per row and head, not S x S; the same numbers
     c.model.lora = ml_collections.ConfigDict()
     c.model.lora.rank = 0  # LoRA rank r; 0 = off (full fine-tuning)
     c.model.lora.alpha = 16.0  # scale = alpha / rank
@@ -332,6 +334,8 @@ def validate(c, num_devices: int | None = None) -> None:
     if not os.path.isdir(path) and not hub_id:
         raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
+    if c.model.attention_chunk < 0:
+        raise ConfigValidationError(f"model.attention_chunk={c.model.attention_chunk} must be >= 0 (0 = off)")
     if c.data.sft_loss_on not in ("completion", "all"):
         raise ConfigValidationError(f"data.sft_loss_on={c.data.sft_loss_on!r} must be 'completion' or 'all'")
     if c.data.num_epochs < 0 or (c.data.num_epochs and c.mode != "sft"):

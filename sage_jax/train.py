@@ -195,6 +195,7 @@ def run(c, workdir: str) -> dict[str, Any]:
     is_main = jax.process_index() == 0
     dtype, pdtype = config_lib.model_dtypes(c)
     model, _ = hf.load(c.model.path, dtype=dtype, mesh=s.mesh, param_dtype=pdtype)
+    model.set_attention_chunk(c.model.attention_chunk)
     lora_cfg = config_lib.lora_config(c)
     if lora_cfg is not None:  # adapters (B = 0) on the loaded base; only they train and are checkpointed
         lora_lib.add_lora(model, lora_cfg, seed=c.seed, param_dtype=config_lib.lora_param_dtype(c))

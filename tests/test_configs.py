@@ -121,6 +121,7 @@ def test_dapo_preset_is_the_published_recipe():
     (lambda c: setattr(c.sage, "form", "objective"), "sage_form"),
     (lambda c: setattr(c.rl, "score_chunks", 3), "rl.score_chunks"),  # 8 prompts
     (lambda c: setattr(c.rl, "dynamic_sampling", 0), "rl.dynamic_sampling"),
+    (lambda c: setattr(c.model, "attention_chunk", -1), "model.attention_chunk"),
     (lambda c: setattr(c.rl, "overlong_buffer", 97), "rl.overlong_buffer"),  # tiny.py: 96 completion tokens
 ])
 def test_invalid_configs_name_the_field(edit, field):

@@ -85,6 +85,7 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg, self.dtype = cfg, dtype
+        self.q_chunk = 0  # static: multi-token calls attend in query chunks of this size (0 = all at once)
         self.wq = nnx.Param(_init(rngs, (D, H, Dh), param_dtype), axes=("embed", "q_heads", "head_dim"))
         self.wk = nnx.Param(_init(rngs, (D, K, Dh), param_dtype), axes=("embed", "kv_heads", "head_dim"))
         self.wv = nnx.Param(_init(rngs, (D, K, Dh), param_dtype), axes=("embed", "kv_heads", "head_dim"))
@@ -113,15 +114,15 @@ class Attention(nnx.Module):
         B, T = x_BxTxD.shape[:2]
         qg = q.reshape(B, T, cfg.num_kv_heads, cfg.group_size, cfg.head_dim)
         if cache is None:  # training / scoring: keys are this chunk, BxTxKxDh
-            out = _attend(qg, k, v, _mask(0, T, T, kv_mask_BxS), "bskd", self.dtype)
+            out = _attend_causal(qg, k, v, 0, kv_mask_BxS, "bskd", self.dtype, self.q_chunk)
         elif isinstance(cache, DecodeKV):  # one-token decode step: write the slot, attend over the parts
             cache = cache._replace(k=_write(cache.k, k, cache_index), v=_write(cache.v, v, cache_index))
             out = _decode_attention(qg[:, 0], cache, kv_mask_BxS, cache_index, self.dtype)[:, None]
         else:  # a chunk (prefill, prompt-shared scoring) into the (donated) static-shape BxKxSxDh cache
             cache = {"k": _write(cache["k"], k, cache_index), "v": _write(cache["v"], v, cache_index)}
             S = cache["k"].shape[2]
-            out = _attend(qg, cache["k"].astype(self.dtype), cache["v"].astype(self.dtype),
-                          _mask(cache_index, T, S, kv_mask_BxS), "bksd", self.dtype)
+            out = _attend_causal(qg, cache["k"].astype(self.dtype), cache["v"].astype(self.dtype), cache_index,
+                                 kv_mask_BxS, "bksd", self.dtype, self.q_chunk)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
         y = adapted(self, "o", out, jnp.einsum("bthd,hdo->bto", out, self.wo[...].astype(self.dtype)), self.dtype)
         return y, cache
@@ -131,6 +132,30 @@ def _mask(start, T, S, kv_mask_BxS):
     """BxTxS: query t (at cache slot start + t) sees slot s when s <= its slot and s holds a real token."""
     causal_TxS = jnp.arange(S)[None, :] <= (start + jnp.arange(T))[:, None]
     return causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
+
+
+def _attend_causal(qg_BxTxKxGxDh, k, v, start, kv_mask_BxS, kv_spec, dtype, q_chunk=0):
+    """Causal attention of T queries (at slots start ... start + T - 1) against S keys.
+
+    `q_chunk` > 0 and < T: the queries in chunks of `q_chunk` under a checkpointed map, so the float32
+    scores of only q_chunk x S (not T x S) per row and head are live, in the forward and in the backward
+    (which recomputes each chunk's scores). Each query's softmax reads only its own row, so the numbers are
+    those of one pass."""
+    B, T = qg_BxTxKxGxDh.shape[:2]
+    S = kv_mask_BxS.shape[1]
+    if not q_chunk or T <= q_chunk:
+        return _attend(qg_BxTxKxGxDh, k, v, _mask(start, T, S, kv_mask_BxS), kv_spec, dtype)
+    n = -(-T // q_chunk)
+    q = jnp.pad(qg_BxTxKxGxDh, ((0, 0), (0, n * q_chunk - T), (0, 0), (0, 0), (0, 0)))
+    q = jnp.moveaxis(q.reshape(B, n, q_chunk, *q.shape[2:]), 1, 0)  # n x B x C x K x G x Dh
+
+    @jax.checkpoint
+    def one(args):
+        q_c, i = args  # padded query rows (past T) see keys like the last ones and are dropped below
+        return _attend(q_c, k, v, _mask(start + i * q_chunk, q_chunk, S, kv_mask_BxS), kv_spec, dtype)
+
+    out = jax.lax.map(one, (q, jnp.arange(n)))
+    return jnp.moveaxis(out, 0, 1).reshape(B, n * q_chunk, *out.shape[3:])[:, :T]
 
 
 def _attend(qg_BxTxKxGxDh, k, v, mask_BxTxS, kv_spec, dtype):
@@ -258,7 +283,7 @@ class Decoder(nnx.Module):
     """Causal LM. `model(tokens_BxT, attention_mask=None) -> logits_BxTxV (float32)`."""
 
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs | None = None, remat: str = "none"):
+                 rngs: nnx.Rngs | None = None, remat: str = "none", attention_chunk: int = 0):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
@@ -271,6 +296,16 @@ class Decoder(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nnx.Param(_init(rngs, (cfg.hidden_size, cfg.vocab_size), param_dtype),
                                      axes=("embed", "vocab"))
+        self.set_attention_chunk(attention_chunk)
+
+    def set_attention_chunk(self, q_chunk: int) -> None:
+        """Multi-token calls (training, scoring, prefill) attend in query chunks of `q_chunk` (0 = all at once):
+        float32 scores of q_chunk x S per row and head are live instead of T x S; the same numbers. A static
+        attribute, so `nnx.split` carries it in the graphdef to every model merged from it."""
+        if q_chunk < 0:
+            raise ValueError(f"attention chunk must be >= 0 (0 = off), got {q_chunk}")
+        for layer in self.layers:
+            layer.attn.q_chunk = int(q_chunk)
 
     def unembed_matrix(self) -> Array:
         """DxV output projection in the compute dtype (the transposed embedding when tied)."""
