@@ -336,23 +336,26 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         score_args = ((tokens, G), (fmask, G))
         score_rows = lambda model, t, fm: sequence_logp_entropy(model, t, fm, P, cfg.logp_chunk, temp)
 
-    def score(model):
-        """(logp_BxT, entropy_BxT) of the rollout under `model`, no gradient; in `rl.score_chunks` sequential
-        row chunks (whole groups each), so the attention of only B / C rows is live at a time."""
+    def score(params):
+        """(logp_BxT, entropy_BxT) of the rollout under the model of `params`, no gradient; in `rl.score_chunks`
+        sequential row chunks (whole groups each), so the attention of only B / C rows is live at a time. The
+        params enter the loop as its (unchanged) carry and the model is built from them inside the body: an
+        NNX transform in its blocks (a graphdef with remat) cannot update Variables of an outer trace."""
         if C == 1:
-            return jax.lax.stop_gradient(score_rows(model, *(x for x, _ in score_args)))
-        parts = jax.lax.map(lambda a: score_rows(model, *a), tuple(chunked(x, per) for x, per in score_args))
+            return jax.lax.stop_gradient(score_rows(merge(params), *(x for x, _ in score_args)))
+        body = lambda p, a: (p, score_rows(merge(p), *a))
+        _, parts = jax.lax.scan(body, params, tuple(chunked(x, per) for x, per in score_args))
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 
     # ---- frozen reference (not compiled at all when beta == 0)
     ref_logp = ref_ent = None
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
-        ref_logp, ref_ent = score(merge(ref_params))
+        ref_logp, ref_ent = score(ref_params)
 
     # ---- PPO's `old` log-probs, for several updates per rollout: the trainer's own forward under the params
     # that sampled (as TRL does), not the sampler's log-probs, which top-k / top-p / min-p renormalise (the
     # first update's ratio would be the kept mass, not 1). One update per rollout needs none: old = logp.
-    old_logp = score(policy)[0] if cfg.multi_update else None
+    old_logp = score(jax.lax.stop_gradient(state.params))[0] if cfg.multi_update else None
     # dapo's normaliser: the whole generation batch's completion tokens for each of the M updates (TRL 0.23,
     # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
     dapo_tokens = num_tokens if cfg.dapo_normalizer == "generation" else num_tokens / M

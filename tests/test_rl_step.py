@@ -223,13 +223,15 @@ def test_golden_one_step(capsys):
         assert got[k] == pytest.approx(v, rel=1e-4, abs=1e-7), (k, got[k], v)
 
 
-@pytest.mark.parametrize("share_prompt", [True, False])
-def test_reference_and_old_passes_in_row_chunks_change_nothing(share_prompt):
+@pytest.mark.parametrize("share_prompt,decoder_remat", [(True, "none"), (False, "none"), (True, "full")])
+def test_reference_and_old_passes_in_row_chunks_change_nothing(share_prompt, decoder_remat):
     """rl.score_chunks = 2 runs the reference and `old` passes over half the rows at a time (interleaved
     prompts): the step's metrics, the loss, KL and gradient norm among them, equal those of the one-pass step
     (fp32: 1e-6). (Updated params are not compared: Adam's first step is lr x sign(g) wherever |g| >> eps, so
-    it turns 1e-7 differences of tiny gradients into differences of order lr.)"""
-    kw = dict(share_prompt=share_prompt, num_minibatches=2, loss=losses.LossConfig(beta=0.04))
+    it turns 1e-7 differences of tiny gradients into differences of order lr.) A graphdef with block remat
+    (an NNX transform inside the chunk loop) once failed here with a TraceContextError."""
+    kw = dict(share_prompt=share_prompt, num_minibatches=2, loss=losses.LossConfig(beta=0.04),
+              decoder_remat=decoder_remat)
     outs = []
     for chunks in (1, 2):
         _, _, state, step = setup(score_chunks=chunks, **kw)
