@@ -8,6 +8,7 @@ A config is an `ml_collections.ConfigDict` with sub-dicts `model`, `data`, `roll
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ml_collections
@@ -383,3 +384,23 @@ def validate(c, num_devices: int | None = None) -> None:
         if c.mode == "rl" and (rows // c.rl.num_minibatches) % accum:
             raise ConfigValidationError(f"{rows // c.rl.num_minibatches} rows per minibatch not divisible by "
                                         f"rl.grad_accum_steps={accum}")
+
+
+def base_pointer(c) -> dict:
+    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
+    (and their optimizer state), so it names the base they were trained on."""
+    lora_cfg = lora_config(c)
+    if lora_cfg is None:
+        return {}
+    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
+
+
+def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
+    saved = {k: meta.get(k) for k in ("base_model", "lora")}
+    saved["lora"] = saved["lora"] and {**saved["lora"], "targets": tuple(saved["lora"]["targets"])}
+    want = {k: base.get(k) for k in ("base_model", "lora")}
+    if saved != want:
+        raise ConfigValidationError(
+            f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
+            f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
+            f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")

@@ -71,11 +71,6 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     return True
 
 
-def is_main_process() -> bool:
-    """Process 0 writes metrics, logs and other single-writer files."""
-    return jax.process_index() == 0
-
-
 def host_rows(global_rows: int, mesh, what: str = "prompts per step") -> tuple[int, int]:
     """[start, stop) of the batch rows whose shards live on this host's devices (contiguous)."""
     sh = shd.sharding_for((global_rows,), ("batch",), mesh)

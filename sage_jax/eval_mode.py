@@ -40,7 +40,6 @@ def load_policy(path: str, dtype=None, mesh=None, param_dtype=None):
         rc = ml_collections.ConfigDict(json.load(f))
     from sage_jax.models import lora as lora_lib
     from sage_jax.rl_step import policy_model
-    from sage_jax.train import base_pointer, check_base_pointer
 
     model, _ = hf.load(rc.model.path, dtype=config_lib.model_dtypes(rc)[0], mesh=mesh,
                        param_dtype=config_lib.model_dtypes(rc)[1])
@@ -53,7 +52,8 @@ def load_policy(path: str, dtype=None, mesh=None, param_dtype=None):
                           rng=jax.random.key(0), frozen_params=frozen)
     ck = Checkpointer(os.path.join(path, "checkpoints"), async_save=False)
     ckdir = ck.directory
-    restored = ck.restore_latest(template, check_meta=lambda m: check_base_pointer(m, base_pointer(rc), ckdir))
+    base = config_lib.base_pointer(rc)
+    restored = ck.restore_latest(template, check_meta=lambda m: config_lib.check_base_pointer(m, base, ckdir))
     ck.close()
     if restored is None:
         raise config_lib.ConfigValidationError(f"eval.models: {path} has no restorable checkpoint")
@@ -110,7 +110,6 @@ def run(c, workdir: str) -> dict:
                             max_tokens=c.eval.max_new_tokens, seed=c.seed,
                             problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
     from sage_jax.rewards import make_reward_fn
-    from sage_jax.train import stop_ids
     from sage_jax.models.config import ModelConfig
 
     from sage_jax import sharding
@@ -124,7 +123,7 @@ def run(c, workdir: str) -> dict:
             mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(tp))
             pad = tok.pad_token_id if tok.pad_token_id is not None else 0
             cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 eos_ids=stop_ids(tok, mcfg), pad_id=int(pad),
+                                 eos_ids=hf.stop_ids(tok, mcfg), pad_id=int(pad),
                                  stop=config_lib.stop_strings(c, tok, mcfg.vocab_size), **dict(s.sampler))
             return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build

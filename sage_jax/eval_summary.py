@@ -8,14 +8,15 @@ resamples, `M` metrics.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from sage_jax import eval_metrics as em
 
-if TYPE_CHECKING:  # evaluate imports this module; the types are only for annotations
-    from sage_jax.evaluate import EvalSettings, Problem
+# `settings` is an `evaluate.EvalSettings` and the benchmarks map to `evaluate.Problem`s; evaluate imports this
+# module, so they are named here and typed by what is read (`.ks`, `.id`), not imported (no import circle).
+EvalSettings = Problem = Any
 
 
 def problem_metrics(

@@ -128,7 +128,7 @@ def stop_and_pad(tokenizer, model_path: str) -> tuple[tuple[int, ...], int]:
     """(stop ids, pad id) for sampling `model_path` with `tokenizer`, as training and evaluation use."""
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.train import stop_ids
+    from sage_jax.models.hf import stop_ids
     mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(model_path))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (mcfg.pad_token_id or 0)
     return stop_ids(tokenizer, mcfg), int(pad)

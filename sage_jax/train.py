@@ -47,16 +47,6 @@ class Setup:
     stop: Any = None  # sage_jax.stop_strings.StopStrings of rollout.stop_strings, or None
 
 
-def stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:
-    ids = set(model_cfg.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    if im_end is not None:
-        ids.add(int(im_end))  # chat models end a turn with <|im_end|> even where config.json names <|endoftext|>
-    return tuple(sorted(ids))
-
-
 def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -183,7 +173,7 @@ def build_setup(c, workdir: str) -> Setup:
             f"model.path={c.model.path}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
             f"{model_cfg.vocab_size}; the tokenizer files belong to another model")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
-    return Setup(c, workdir, mesh, model_cfg, tokenizer, stop_ids(tokenizer, model_cfg), int(pad),
+    return Setup(c, workdir, mesh, model_cfg, tokenizer, hf.stop_ids(tokenizer, model_cfg), int(pad),
                  make_reward_fn(c.rl.reward), config_lib.stop_strings(c, tokenizer, model_cfg.vocab_size))
 
 
@@ -232,8 +222,8 @@ def run(c, workdir: str) -> dict[str, Any]:
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
     if ckpt.all_steps():
         check_resume_config(workdir, c)
-    base = base_pointer(c)
-    restored = ckpt.restore_latest(state, check_meta=lambda m: check_base_pointer(m, base, ckpt.directory))
+    base = config_lib.base_pointer(c)
+    restored = ckpt.restore_latest(state, check_meta=lambda m: config_lib.check_base_pointer(m, base, ckpt.directory))
     # What `mode=eval` needs to rebuild this run's model from its checkpoints; written only once the
     # checkpoints are known to belong to this config (a refused resume leaves the run dir as it was).
     if is_main:
@@ -371,26 +361,6 @@ def check_resume_config(workdir: str, c) -> None:
         raise config_lib.ConfigValidationError(
             f"{workdir} holds checkpoints of another run config: {shown}{more}; use another --workdir, or the "
             "original values to resume")
-
-
-def base_pointer(c) -> dict:
-    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
-    (and their optimizer state), so it names the base they were trained on."""
-    lora_cfg = config_lib.lora_config(c)
-    if lora_cfg is None:
-        return {}
-    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
-
-
-def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
-    saved = {k: meta.get(k) for k in ("base_model", "lora")}
-    saved["lora"] = saved["lora"] and {**saved["lora"], "targets": tuple(saved["lora"]["targets"])}
-    want = {k: base.get(k) for k in ("base_model", "lora")}
-    if saved != want:
-        raise config_lib.ConfigValidationError(
-            f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
-            f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
-            f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")
 
 
 def export(c, s: Setup, graphdef, state: TrainState, workdir: str, is_main: bool) -> dict[str, str]:

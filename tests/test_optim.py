@@ -1,6 +1,8 @@
 """Learning-rate schedules: warmup is applied (values at 0, W/2, W match the formula) for every decay."""
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from sage_jax import optim
@@ -46,6 +48,14 @@ def test_warmup_applied_through_the_optimizer():
     np.testing.assert_allclose(np.asarray(upd["w"]), -peak, rtol=1e-5)
 
 
-def test_weight_decay_and_clip_defaults():
-    cfg = optim.OptimConfig()
-    assert cfg.weight_decay == 0.01 and cfg.grad_clip_norm == 1.0
+def test_weight_decay_and_clip_act():
+    """Decoupled weight decay moves a parameter by -lr * wd * p under a zero gradient, and the clip scales a
+    gradient of norm 20 to norm 1 before it reaches Adam's first moment (0.1 x the clipped gradient)."""
+    tx, _ = optim.make_optimizer(optim.OptimConfig(learning_rate=0.1, weight_decay=0.5, grad_clip_norm=1.0))
+    p = {"w": jnp.full((4,), 2.0)}
+    st = tx.init(p)
+    upd, st = tx.update({"w": jnp.zeros((4,))}, st, p)
+    np.testing.assert_allclose(np.asarray(upd["w"]), -0.1 * 0.5 * 2.0, rtol=1e-6)
+    _, st = tx.update({"w": jnp.full((4,), 10.0)}, st, p)  # norm 20 -> clipped to 1: each entry 0.5
+    mu = optax.tree.get(st, "mu")
+    np.testing.assert_allclose(np.asarray(mu["w"]), 0.1 * 0.5, rtol=1e-6)

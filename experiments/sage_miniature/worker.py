@@ -78,7 +78,7 @@ def load_problems(data_dir: str, split: str, start: int, count: int, template: s
 def stop_ids(tokenizer, path):
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.train import stop_ids as stop_ids
+    from sage_jax.models.hf import stop_ids
     mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(path))
     return stop_ids(tokenizer, mcfg)
 

@@ -355,3 +355,14 @@ def load_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: no usable tokenizer ({str(e).splitlines()[0]})") from None
+
+
+def stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:
+    """The ids that end a completion: config.json's eos ids, the tokenizer's eos, and <|im_end|> if present."""
+    ids = set(model_cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
+    if im_end is not None:
+        ids.add(int(im_end))  # chat models end a turn with <|im_end|> even where config.json names <|endoftext|>
+    return tuple(sorted(ids))
