@@ -78,6 +78,10 @@ def get_config(arg=None):
     c.rl.reward = "math_verify_text"
     c.rl.logp_chunk = 512
     c.rl.score_chunks = 2  # the reference pass one prompt group at a time (memory only; the same numbers)
+    # attention in query chunks of 512 (memory only; the same numbers): without it the float32 scores of one
+    # 8-row update (8 x 28 heads x 8192^2) need ~105 GiB and the recipe does not fit one 80 GB GPU; with it,
+    # ~42 GiB (experiments/memory_plan_long.md, libtpu's compiler)
+    c.model.attention_chunk = 512
 
     c.sage.guide = "branch"
     c.sage.branch.ratio = 0.3

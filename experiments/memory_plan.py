@@ -4,6 +4,7 @@
     pip install --target /tmp/libtpu "libtpu==0.0.42.*"     # the libtpu jax[tpu]==0.10.2 pins
     PYTHONPATH=/tmp/libtpu python experiments/memory_plan.py --backend tpu --layers 1,2 --only 0,1 \
         --out experiments/memory_plan_tpu.md                # libtpu's compiler, no TPU: ~6 min per compile
+    PYTHONPATH=/tmp/libtpu python experiments/memory_plan.py --set long --backend tpu   # the paper-scale rows
     python experiments/memory_plan.py --from-json experiments/memory_plan.json   # re-render a table
 
 Nothing is allocated: the train state and batch are `jax.ShapeDtypeStruct`s carrying their shardings,
@@ -27,6 +28,19 @@ first point at its full 28 layers and reports the extrapolation error (CPU, 1.5B
 Where the small-L compiles peak in another phase (the reference pass over all rows) than the 28-layer
 program will (the policy backward), the extrapolation undershoots; such rows report the backward's
 float32 softmax floor instead, marked `*` (`attention_floor`).
+
+`--set long` (memory_plan_long.md) holds the paper-scale rows: the official LoRA recipe on one 80 GB GPU,
+7B full fine-tuning at 512 x 3072 on 32 chips, 1.5B on 8; with block remat, the reference pass in row
+chunks and attention in query chunks. Compile those with `--backend tpu`: XLA:CPU does not keep block
+remat's memory saving (its schedule recomputes every layer's forward ahead of the backward). Measured on a
+tiny model (h256, T=512, 4 rows), the forward + backward temporaries per layer are:
+
+| compiler | remat none | remat full |
+|---|---|---|
+| XLA:CPU | 104 MiB | 96 MiB |
+| libtpu | 42 MiB | 3.3 MiB |
+
+So CPU rows with remat overstate memory by the saved activations of every layer.
 
 Caveats: XLA:CPU computes bf16 matmuls in float32 and fuses less, so the CPU numbers overstate the
 TPU / GPU temporaries by ~2-3x (see the TPU cross-check); read them as an upper bound. XLA:GPU (H100)
@@ -77,9 +91,25 @@ POINTS = [
 ]
 PROMPT_LEN, GROUP = 512, 8
 
+# The long-sequence points (`--set long`, written to memory_plan_long.md): a 7th element of options over the
+# defaults above: prompt P, group G, LoRA rank, block remat, the reference pass in row chunks
+# (rl.score_chunks) and attention in query chunks (model.attention_chunk). With remat "full" every block's
+# scores are recomputed in the backward, so the float32 softmax floor of the table above does not apply.
+OFFICIAL = dict(prompt=2048, group=8, lora=8, remat="full", score_chunks=2)  # configs/sage_official.py
+LONG_POINTS = [
+    # the official LoRA recipe on one 80 GB GPU: 2 prompts x 8 completions of 6144 tokens, 2 updates of 8 rows
+    ("7B", 1, (1, 1, 1), 16, 2, 6144, OFFICIAL),
+    ("7B", 1, (1, 1, 1), 16, 2, 6144, dict(OFFICIAL, attn_chunk=512)),
+    # 7B full fine-tuning at 512 rows x 3072 on 32 chips, 16 updates per rollout
+    ("7B", 32, (1, 32, 1), 512, 16, 3072, dict(remat="full", score_chunks=8)),
+    ("7B", 32, (1, 32, 1), 512, 16, 3072, dict(remat="full", score_chunks=8, attn_chunk=512)),
+    # 1.5B on 8 chips at the same completion length
+    ("1.5B", 8, (1, 8, 1), 64, 4, 3072, dict(remat="full", score_chunks=2, attn_chunk=512)),
+]
+
 
 # ------------------------------------------------------------------------------------------ worker
-TPU_TOPOLOGIES = {4: "v5p:2x2x1", 8: "v5p:2x2x2", 32: "v5p:2x4x4"}  # v5p-8, v5p-16, v5p-64
+TPU_TOPOLOGIES = {1: "v5p:2x2x1", 4: "v5p:2x2x1", 8: "v5p:2x2x2", 32: "v5p:2x4x4"}  # v5p-8 (one chip of it), v5p-16, v5p-64
 
 
 def target_devices(backend: str, n: int):
@@ -88,10 +118,11 @@ def target_devices(backend: str, n: int):
         assert jax.device_count() == n, jax.devices()
         return jax.devices()
     from jax.experimental import topologies  # deviceless AOT: libtpu's compiler, no TPU attached
-    return topologies.get_topology_desc(topology_name=TPU_TOPOLOGIES[n], platform="tpu").devices
+    return topologies.get_topology_desc(topology_name=TPU_TOPOLOGIES[n], platform="tpu").devices[:n]
 
 
-def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: int, T: int, devices=None) -> dict:
+def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: int, T: int, opts=None,
+                  devices=None) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -99,28 +130,39 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
     from sage_jax import losses, optim
     from sage_jax import rl_step as R
     from sage_jax import sharding as shd
+    from sage_jax.models import lora as lora_lib
     from sage_jax.models.config import ModelConfig
     from sage_jax.models.decoder import Decoder
 
+    o = {**dict(prompt=PROMPT_LEN, group=GROUP, lora=0, remat="none", score_chunks=1, attn_chunk=0), **(opts or {})}
+
     spec = MODELS[model]
     mcfg = ModelConfig(model_type="qwen2", head_dim=spec["hidden_size"] // spec["num_heads"], qkv_bias=True,
-                       rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=4096,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=o["prompt"] + T,
                        eos_token_ids=(151643,), pad_token_id=151643,
                        **{**spec, "num_layers": layers})
-    cfg = R.RLConfig(group_size=GROUP, sampling=R.SamplingConfig(max_new_tokens=T, eos_ids=(151643, 151645),
-                                                                 pad_id=151643),
+    G = o["group"]
+    cfg = R.RLConfig(group_size=G, sampling=R.SamplingConfig(max_new_tokens=T, eos_ids=(151643, 151645),
+                                                             pad_id=151643),
                      loss=losses.LossConfig(beta=0.05), guide="branch", num_minibatches=minibatches,
-                     logp_chunk=512)
+                     logp_chunk=512, score_chunks=o["score_chunks"], remat=o["remat"])  # as train.py sets it
     tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=5e-6))
     mesh = shd.make_mesh(mesh_shape, devices)
-    make_model = lambda: Decoder(mcfg, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
-    graphdef = nnx.graphdef(nnx.eval_shape(make_model))
+
+    def make_model():
+        m = Decoder(mcfg, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0),
+                    attention_chunk=o["attn_chunk"])
+        if o["lora"]:  # the official adapters: fp32 on a bf16 base, all seven projections
+            lora_lib.add_lora(m, lora_lib.LoRAConfig(rank=o["lora"], alpha=2.0 * o["lora"]), seed=0,
+                              param_dtype=jnp.float32)
+        return m
+    graphdef = lora_lib.split_trainable(nnx.eval_shape(make_model))[0]  # = nnx.graphdef(...) without LoRA
     abstract = jax.eval_shape(lambda: R.init_train_state(make_model(), cfg, tx, 0)[1])
     place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
     state = jax.tree.map(place, abstract, shd.state_shardings(abstract, mesh))
-    N = rows // GROUP
-    raw = {"prompt": jax.ShapeDtypeStruct((N, PROMPT_LEN), jnp.int32),
-           "prompt_mask": jax.ShapeDtypeStruct((N, PROMPT_LEN), jnp.int32),
+    N = rows // G
+    raw = {"prompt": jax.ShapeDtypeStruct((N, o["prompt"]), jnp.int32),
+           "prompt_mask": jax.ShapeDtypeStruct((N, o["prompt"]), jnp.int32),
            "answer": jax.ShapeDtypeStruct((N, 64), jnp.int32)}
     batch = jax.tree.map(place, raw, shd.batch_shardings(raw, mesh))
 
@@ -141,7 +183,7 @@ def worker(devices: int, points: list, layers: list[int], backend: str) -> None:
     devs = target_devices(backend, devices)
     for p in points:
         for L in layers:
-            rec = compile_point(p[0], L, tuple(p[2]), p[3], p[4], p[5], devs)
+            rec = compile_point(p[0], L, tuple(p[2]), p[3], p[4], p[5], p[6] if len(p) > 6 else None, devs)
             print(json.dumps({"point": p, "layers": L, **rec}), flush=True)
 
 
@@ -191,7 +233,7 @@ def extrapolate(recs: list[dict], L: int = 28) -> dict:
 # Usable memory per device: H100 80 GB as nvidia-smi reports it (81559 MiB); v5p 95 GB taken as 95e9 bytes.
 HBM_GIB = {"H100": 81559 / 1024, "v5p": 95e9 / GIB}
 HEADROOM = 0.9  # keep 10% for the runtime, fragmentation and the CPU compiler's differences from TPU / GPU
-TARGETS = ((4, "v5p", "v5p-8 (4 chips)"), (8, "H100", "an 8xH100 node"), (8, "v5p", "v5p-16 (8 chips)"),
+TARGETS = ((1, "H100", "one H100"), (4, "v5p", "v5p-8 (4 chips)"), (8, "H100", "an 8xH100 node"), (8, "v5p", "v5p-16 (8 chips)"),
            (32, "v5p", "v5p-64 (32 chips)"))
 
 
@@ -205,14 +247,25 @@ def best_layout(rows: list[dict], devices: int, kind: str):
     return min(ok, key=lambda r: (r["M"], r["peak"])) if ok else None
 
 
+def setup_text(opts: dict | None) -> str:
+    """A point's options in words (the table's setup column)."""
+    o = opts or {}
+    parts = [f"P={o.get('prompt', PROMPT_LEN)}", f"remat {o.get('remat', 'none')}"]
+    parts += [f"LoRA r={o['lora']}"] if o.get("lora") else []
+    parts += [f"score_chunks={o['score_chunks']}"] if o.get("score_chunks", 1) > 1 else []
+    parts += [f"attention_chunk={o['attn_chunk']}"] if o.get("attn_chunk") else []
+    return ", ".join(parts)
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| model | devices | mesh (data, fsdp, tensor) | rows B | M | T | remat | state GiB/dev | "
+    head = ("| model | devices | mesh (data, fsdp, tensor) | rows B | M | T | setup | state GiB/dev | "
             "temp GiB/dev | peak GiB/dev | fits H100 80 GB | fits v5p 95 GB |\n|" + "---|" * 12 + "\n")
     body = ""
     for r in rows:
         yn = lambda kind: "yes" if fits(r["peak"], kind) else "no"
         star = "*" if r.get("floored") else ""
-        body += (f"| {r['model']} | {r['devices']} | {tuple(r['mesh'])} | {r['B']} | {r['M']} | {r['T']} | none | "
+        body += (f"| {r['model']} | {r['devices']} | {tuple(r['mesh'])} | {r['B']} | {r['M']} | {r['T']} | "
+                 f"{setup_text(r.get('opts'))} | "
                  f"{r['state'] / GIB:.1f} | {r['temp'] / GIB:.1f}{star} | {r['peak'] / GIB:.1f}{star} | {yn('H100')} | "
                  f"{yn('v5p')} |\n")
     return head + body
@@ -232,7 +285,7 @@ def lora_state_section(rows: list[dict]) -> str:
     body, seen = "", set()
     for r in rows:
         key = (r["model"], r["devices"], tuple(r["mesh"]))
-        if key in seen:
+        if (r.get("opts") or {}).get("lora") or key in seen:  # (a LoRA row's compiled state is not full FT's)
             continue
         seen.add(key)
         m = MODELS[r["model"]]
@@ -257,10 +310,13 @@ def render(recs: list[dict], points: list, layers: list[int], backend: str, chec
         mine = [r for r in recs if r["point"] == _norm(p) and r["layers"] in layers]
         if len({r["layers"] for r in mine}) >= 2:
             e = extrapolate(mine)
+            opts = p[6] if len(p) > 6 else None
             floor = e["state"] + attention_floor(p[0], p[2], p[3], p[4], p[5])
-            if floor > e["peak"]:  # the small-L compiles peaked elsewhere: report the floor, marked
-                e.update(peak=floor, temp=floor - e["state"], floored=True)
-            rows.append({"model": p[0], "devices": p[1], "mesh": p[2], "B": p[3], "M": p[4], "T": p[5], **e})
+            # (with block remat the backward recomputes each layer's scores: no 28-layer softmax floor)
+            if (opts or {}).get("remat", "none") == "none" and floor > e["peak"]:
+                e.update(peak=floor, temp=floor - e["state"], floored=True)  # small-L compiles peaked elsewhere
+            rows.append({"model": p[0], "devices": p[1], "mesh": p[2], "B": p[3], "M": p[4], "T": p[5], "opts": opts,
+                         **e})
     notes = []
     for devices, kind, name in TARGETS:
         for model in ("1.5B", "7B"):
@@ -278,8 +334,10 @@ def render(recs: list[dict], points: list, layers: list[int], backend: str, chec
                      f"directly needs {peak / GIB:.2f} GiB/device, the L={layers} extrapolation says "
                      f"{e['peak'] / GIB:.2f} GiB ({100 * (e['peak'] / peak - 1):+.1f}%)")
     text = (f"Per-device memory of the fused RL step, compiled for {backend} ({'fake CPU devices' if backend == 'cpu' else 'deviceless TPU v5p topologies'}): "
-            f"P={PROMPT_LEN} prompt tokens, G={GROUP}, bf16 params, bf16 Adam moments (optax follows the param "
-            f"dtype), beta > 0 so a reference copy is held; extrapolated to 28 layers from L={layers}. "
+            f"P={PROMPT_LEN} prompt tokens unless the setup column says otherwise, G={GROUP}, bf16 params, bf16 Adam "
+            f"moments (optax follows the param dtype), beta > 0 so a reference copy is held (under LoRA the "
+            f"reference is the base with the adapters off: no copy; fp32 adapters and moments); extrapolated to "
+            f"28 layers from L={layers}. "
             f"'state' = params + reference + Adam moments; 'peak' = state + temporaries (donated outputs alias "
             f"the state). Fits = peak <= {HEADROOM:.0%} of the device memory. * = the extrapolation fell below "
             f"the policy backward's float32 softmax floor (28 layers x rows per device per update x local heads x "
@@ -296,16 +354,21 @@ def main():
                     help="cpu: fake CPU devices; tpu: libtpu's compiler on a deviceless v5p topology "
                          "(needs `pip install libtpu`, and ~5 min of compile per point on 2 cores)")
     ap.add_argument("--layers", default="2,4")
-    ap.add_argument("--only", default="", help="comma-separated indices into POINTS (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated indices into the set's points (default: all)")
+    ap.add_argument("--set", default="short", choices=("short", "long"),
+                    help="short: POINTS (P=512, no remat); long: LONG_POINTS (the official LoRA recipe, 512 x 3072 "
+                         "on 32 chips, 1.5B on 8; remat, row and query chunks), written to memory_plan_long.md")
+    ap.add_argument("--out", default="")
     ap.add_argument("--check-layers", type=int, default=0,
                     help="also compile the first point at this many layers to check the extrapolation")
     ap.add_argument("--from-json", default="", help="re-render the table from a previous run's .json")
-    ap.add_argument("--out", default=os.path.join(HERE, "memory_plan.md"))
     a = ap.parse_args()
+    a.out = a.out or os.path.join(HERE, "memory_plan.md" if a.set == "short" else "memory_plan_long.md")
+    all_points = POINTS if a.set == "short" else LONG_POINTS
     layers = [int(x) for x in a.layers.split(",")]
     if a.worker:
         return worker(a.worker, json.loads(a.points), layers, a.backend)
-    points = [POINTS[int(i)] for i in a.only.split(",")] if a.only else POINTS
+    points = [all_points[int(i)] for i in a.only.split(",")] if a.only else all_points
     if a.from_json:
         with open(a.from_json) as f:
             saved = json.load(f)
