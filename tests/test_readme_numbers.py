@@ -56,3 +56,26 @@ def test_readme_bench_table_is_its_results_files():
         for shape, r in res.items():
             if isinstance(r, dict) and "speedup" in r:
                 assert abs(r["speedup"] - r["trl_step_s"] / r["ours_step_s"]) < 1e-9, (f, shape)
+
+
+def test_memory_and_decode_tables_are_their_results_files():
+    """memory_plan_long.md and decode_floor.md are what their scripts render from the committed .json, and
+    the README's paper-scale peaks are that file's rows (to the README's one decimal)."""
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    mp, df = _module(os.path.join(ROOT, "experiments/memory_plan.py")), _module(os.path.join(ROOT, "experiments/decode_floor.py"))
+    saved = json.load(open(os.path.join(ROOT, "experiments/memory_plan_long.json")))
+    text, rows = mp.render(saved["records"], mp.LONG_POINTS, [2, 4], saved["backend"], saved.get("check"))
+    assert open(os.path.join(ROOT, "experiments/memory_plan_long.md")).read() == text
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for r in rows:
+        assert f"| {r['peak'] / mp.GIB:.1f} | {'yes' if mp.fits(r['peak'], 'H100') else 'no'} |" in readme, r["opts"]
+    dsaved = json.load(open(os.path.join(ROOT, "experiments/decode_floor.json")))
+    assert open(os.path.join(ROOT, "experiments/decode_floor.md")).read() == df.render(dsaved["records"], dsaved["backend"])
+
+
+def test_bench_readme_tables_are_results_md():
+    """The bench README's result tables are copied from results.md, which bench.py wrote with results.json."""
+    here = os.path.join(ROOT, "experiments", "bench")
+    md, readme = open(os.path.join(here, "results.md")).read(), open(os.path.join(here, "README.md")).read()
+    tables = [t for t in md.split("\n\n") if t.startswith("| shape |")]
+    assert len(tables) >= 3 and all(t.strip() in readme for t in tables)

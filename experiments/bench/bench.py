@@ -438,6 +438,17 @@ def summarise(r, shape, N, G, T, roof, peak_key, share_prompt, segments):
             r["speedup_vs_trl_defaults"] = trl["defaults"] / ours
     if "ours_branch" in r:
         r["branch_over_none"] = r["ours_branch"]["median_step_s"] / r["ours_none"]["median_step_s"]
+    # The step's ceiling on this machine: every FLOP at the square 2048^3 matmul's measured rate; and the
+    # shape-aware one, where the decode's skinny B x D matmuls run at their own measured rate (the fastest
+    # this machine does that shape), the dense passes at the square rate.
+    decode_rate = roof[f"decode_{shape}_{N * G}x{mcfg.hidden_size}x{mcfg.intermediate_size}"]
+    dense = fl["ref_forward"] + fl["train"]
+    ceil = {"step_s": (fl["decode"] + dense) / peak / 1e9,
+            "shape_aware_step_s": (fl["decode"] / decode_rate + dense / peak) / 1e9}
+    ceil.update(frac=ceil["step_s"] / ours, shape_aware_frac=ceil["shape_aware_step_s"] / ours)
+    if "trl_step_s" in r:
+        ceil.update(speedup=r["trl_step_s"] / ceil["step_s"], shape_aware_speedup=r["trl_step_s"] / ceil["shape_aware_step_s"])
+    r["ceiling"] = ceil
 
 
 if __name__ == "__main__":

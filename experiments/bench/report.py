@@ -66,6 +66,19 @@ def markdown(res, shapes):
         L.append(f"| {sh} | {p['rollout']:.3f} | {p['reward']:.4f} | {p['ref_forward']:.3f} | {p['train']:.3f} | "
                  f"{sum(p.values()):.3f} | {r['ours_none']['median_step_s']:.3f} | {g('decode')} | "
                  f"{g('ref_forward')} | {g('train')} |")
+    if all("ceiling" in res[sh] for sh in shapes):
+        L += ["", "The step against this machine's ceiling (bench.summarise): all FLOPs at the square matmul rate, "
+              "and shape-aware (the decode's B x D matmuls at their own measured rate):", "",
+              "| shape | ours s | ceiling s | share of ceiling reached | TRL / ceiling = best possible speedup | ours speedup | "
+              "shape-aware ceiling s | share reached | best possible, shape-aware |", "|" + "---|" * 9]
+        for sh in shapes:
+            r, c = res[sh], res[sh]["ceiling"]
+            x = lambda k: f"{c[k]:.2f}x" if k in c else "-"
+            L.append(f"| {sh} | {r['ours_step_s']:.3f} | {c['step_s']:.3f} | {100 * c['frac']:.0f}% | {x('speedup')} | "
+                     f"{r['speedup']:.2f}x | {c['shape_aware_step_s']:.3f} | {100 * c['shape_aware_frac']:.0f}% | "
+                     f"{x('shape_aware_speedup')} |" if "speedup" in r else
+                     f"| {sh} | {r['ours_step_s']:.3f} | {c['step_s']:.3f} | {100 * c['frac']:.0f}% | - | - | "
+                     f"{c['shape_aware_step_s']:.3f} | {100 * c['shape_aware_frac']:.0f}% | - |")
     if "scaling_tiny" in res:
         sc = res["scaling_tiny"]
         L += ["", "Scaling (tiny shape, s/step): completion length T at G=8 | group size G at T=64", "",
@@ -83,8 +96,8 @@ def markdown(res, shapes):
 # (results file relative to this folder, shape, machine label): the rows of the README's "RL step vs TRL"
 # table, each read from the results file its run wrote (bench.py / h200.sh)
 README_ROWS = [
-    ("results_quick.json", "tiny", "2-core CPU, fp32 (idle)"),
-    ("results_small.json", "small", "2-core CPU, fp32 (idle)"),
+    ("results.json", "tiny", "2-core CPU, fp32 (idle, one run)"),
+    ("results.json", "small", "2-core CPU, fp32 (idle, one run)"),
     ("h200/results_h200_bf16.json", "tiny", "H200, bf16"),
     ("h200/results_h200_bf16.json", "small", "H200, bf16"),
     ("h200/bf16.log", "medium", "H200, bf16"),
