@@ -84,7 +84,7 @@ def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, 
         metrics.update({f"dynamic/{m}_groups": v for m, v in ds.items()})
         take = dapo.group_rows(idx, G)
         prompt, pmask = rows(prompt[idx]), rows(pmask[idx])
-        tokens, cmask, shaped, stopped = (rows(x[take]) for x in (tokens, cmask, shaped, stopped))
+        tokens, cmask, rewards, shaped, stopped = (rows(x[take]) for x in (tokens, cmask, rewards, shaped, stopped))
         raw_logp = None if raw_logp is None else rows(raw_logp[take])
         keep_B = jnp.repeat(informative, G)
     if cfg.overlong_filter:
@@ -93,8 +93,8 @@ def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, 
     loss_mask = cmask if (k == 1 and not cfg.overlong_filter) else cmask * keep_B[:, None].astype(cmask.dtype)
 
     adv, adv_metrics = group_advantages(shaped, G, cfg.scale_rewards)
-    if cfg.pass_at_k:  # the pass@k advantage in place of the group one
-        adv, pk_metrics = pass_at_k_advantages(shaped, G, cfg.pass_at_k)
+    if cfg.pass_at_k:  # the pass@k advantage in place of the group one; correctness is the verifier's (no penalty)
+        adv, pk_metrics = pass_at_k_advantages(rewards, G, cfg.pass_at_k)
         adv_metrics = {**adv_metrics, **pk_metrics}
     if k > 1:  # the kept batch's statistics, beside those of the generated one
         adv_metrics = {f"kept_{m}": v for m, v in adv_metrics.items()}

@@ -146,3 +146,18 @@ def test_dapo_config_errors():
         R.RLConfig(dynamic_sampling=0)
     with pytest.raises(ValueError, match="overlong_buffer"):
         R.RLConfig(overlong_buffer=10_000)
+
+
+def test_pass_at_k_reads_the_verifier_not_the_length_penalty():
+    """A correct completion stays correct for the pass@k advantage whatever its length penalty (a shaped
+    reward of 1 - 5 < 0 would otherwise count as wrong)."""
+    from sage_jax.advantages import pass_at_k_advantages
+    answers, ends = ["12", "3", "4", "4"], tuple(range(2, 20))
+    plain, cfg = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2)
+    ro, _ = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2, overlong_buffer=4, overlong_penalty=5.0)
+    np.testing.assert_array_equal(np.asarray(ro.adv_B), np.asarray(plain.adv_B))
+    tokens, cmask = np.asarray(ro.tokens_BxT), np.asarray(ro.cmask_BxT)
+    verifier = _dense([TOK.decode(t[m == 1].tolist(), skip_special_tokens=True) for t, m in zip(tokens, cmask)])
+    want, _ = pass_at_k_advantages(jnp.asarray(verifier), cfg.group_size, 2)
+    np.testing.assert_allclose(np.asarray(ro.adv_B), np.asarray(want), atol=1e-6)
+    assert float(ro.metrics["reward/overlong_penalty_mean"]) < 0  # the penalty did apply to the rewards
