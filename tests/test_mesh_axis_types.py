@@ -37,6 +37,18 @@ p, m = left_pad([tok(x, add_special_tokens=False)["input_ids"] for x in ["1+2=",
 state, metrics = step(state, dict(prompt=jnp.asarray(p), prompt_mask=jnp.asarray(m),
                                   answer=jnp.asarray(encode_answers(tok, ["3", "12"], 4))))
 assert int(state.step) == 1 and np.isfinite(float(metrics["train/loss"])), metrics
+# DAPO's dynamic sampling on the mesh: 4 prompts sampled, the 2 kept groups gathered across the row shards
+import dataclasses
+cfg2 = dataclasses.replace(cfg, dynamic_sampling=2, overlong_buffer=2)
+model2, _ = hf.load(TINY_BASE, mesh=mesh)
+graphdef2, state2 = R.init_train_state_sharded(model2, cfg2, tx, 0, mesh)
+vary = HostReward(tok, lambda c, a: np.array([len(x) % 2 for x in c], np.float32))
+step2 = R.make_rl_step(graphdef2, cfg2, tx, lr_fn, vary, mesh)
+p4, m4 = left_pad([tok(x, add_special_tokens=False)["input_ids"] for x in ["1+2=", "3*4=", "5-1=", "2+2="]], 0)
+state2, m2 = step2(state2, dict(prompt=jnp.asarray(p4), prompt_mask=jnp.asarray(m4),
+                                answer=jnp.asarray(encode_answers(tok, ["3", "12", "4", "4"], 4))))
+assert int(m2["dynamic/generated_groups"]) == 4 and int(m2["dynamic/kept_groups"]) + int(m2["dynamic/short_groups"]) == 2, m2
+assert np.isfinite(float(m2["train/loss"])), m2
 try:
     hf.load(TINY_BASE, mesh=jax.make_mesh((2, 2), ("x", "y")))
     raise SystemExit("a mesh with other axis names was accepted")
