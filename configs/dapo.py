@@ -8,7 +8,7 @@ The four parts of the algorithm (`algorithm` below, also what experiments/sage_m
 - dynamic sampling: 3 x the trained prompts are sampled per step (verl's gen_prompt_bsz 1536 for 512) and
   the groups whose rewards differ are trained on first. verl resamples until the batch is full (up to 10
   generation rounds); one fixed-shape program cannot, so a shortfall is left to masked groups and logged
-  (`dynamic/short_groups`; sage_jax/dapo.py);
+  (`dynamic/short_groups`; sage_jax/rl/dapo.py);
 - token-level loss: each update's token sum over that update's tokens (verl's token-mean, `bnpo` here; TRL's
   `dapo` divides by the whole generation batch's tokens instead, which differs with several updates);
 - overlong reward shaping: the last 4096 of 20480 tokens (a fifth of the completion budget) get a linear

@@ -14,7 +14,7 @@ import random
 import statistics
 import time
 
-from sage_jax.rewards import VerifierPool
+from sage_jax.rewards.pool import VerifierPool
 
 # Answer shapes; the numbers are drawn per group so that parse caches rarely hit.
 FORMS = ["{a}", "\\frac{{{a}}}{{{b}}}", "{a}\\sqrt{{{b}}}", "({a},{b}]", "\\frac{{{a}\\pi}}{{{b}}}",

@@ -127,12 +127,12 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
     import jax.numpy as jnp
     from flax import nnx
 
-    from sage_jax import losses, optim
-    from sage_jax import rl_step as R
     from sage_jax import sharding as shd
     from sage_jax.models import lora as lora_lib
     from sage_jax.models.config import ModelConfig
     from sage_jax.models.decoder import Decoder
+    from sage_jax.rl import losses, optim, state as rl_state, step as R
+    from sage_jax.sampling import SamplingConfig
 
     o = {**dict(prompt=PROMPT_LEN, group=GROUP, lora=0, remat="none", score_chunks=1, attn_chunk=0), **(opts or {})}
 
@@ -142,7 +142,7 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
                        eos_token_ids=(151643,), pad_token_id=151643,
                        **{**spec, "num_layers": layers})
     G = o["group"]
-    cfg = R.RLConfig(group_size=G, sampling=R.SamplingConfig(max_new_tokens=T, eos_ids=(151643, 151645),
+    cfg = R.RLConfig(group_size=G, sampling=SamplingConfig(max_new_tokens=T, eos_ids=(151643, 151645),
                                                              pad_id=151643),
                      loss=losses.LossConfig(beta=0.05), guide="branch", num_minibatches=minibatches,
                      logp_chunk=512, score_chunks=o["score_chunks"], remat=o["remat"])  # as train.py sets it
@@ -157,7 +157,7 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
                               param_dtype=jnp.float32)
         return m
     graphdef = lora_lib.split_trainable(nnx.eval_shape(make_model))[0]  # = nnx.graphdef(...) without LoRA
-    abstract = jax.eval_shape(lambda: R.init_train_state(make_model(), cfg, tx, 0)[1])
+    abstract = jax.eval_shape(lambda: rl_state.init_train_state(make_model(), cfg, tx, 0)[1])
     place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
     state = jax.tree.map(place, abstract, shd.state_shardings(abstract, mesh))
     N = rows // G
@@ -275,10 +275,11 @@ LORA_RANK = 8  # the reference SAGE implementation's default, on all seven proje
 
 
 def lora_state_section(rows: list[dict]) -> str:
-    """Held state per device, full fine-tuning vs LoRA, from `sage_jax.gpu_estimates`' parameter counts
+    """Held state per device, full fine-tuning vs LoRA, from `gpu_estimates`' parameter counts
     (which tests/test_lora.py checks against the bytes of a real train state). The full-FT column is
     set beside the compiled 'state' of the table above: their agreement checks the counts at 7B scale."""
-    from sage_jax import gpu_estimates as ge
+    sys.path.insert(0, os.path.join(ROOT, "notebooks"))  # the estimates live beside the notebooks
+    import gpu_estimates as ge
 
     head = (f"| model | devices | mesh | full FT state GiB/dev (compiled) | full FT (counted) | "
             f"LoRA r={LORA_RANK} state GiB/dev (counted) | LoRA trainable params |\n|" + "---|" * 7 + "\n")
@@ -299,7 +300,7 @@ def lora_state_section(rows: list[dict]) -> str:
                  f"{n_lora / 1e6:.1f} M ({n_lora / n:.2%}) |\n")
     return ("\nHeld state (params, reference, optimizer moments) per device, full fine-tuning vs LoRA "
             f"(rank {LORA_RANK} on q, k, v, o, gate, up, down; the reference is the base with the adapters "
-            "off, so no copy). Counted = `sage_jax.gpu_estimates` parameter counts x bf16 bytes / (fsdp x "
+            "off, so no copy). Counted = `gpu_estimates` parameter counts x bf16 bytes / (fsdp x "
             "tensor); LoRA's temporaries (activations, KV cache) are those of the table above minus the "
             "full-size gradient.\n\n" + head + body)
 

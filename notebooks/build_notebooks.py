@@ -5,7 +5,7 @@
 
 Edit the `cells_*.py` modules, not the .ipynb files: the notebooks are generated (deterministic cell
 ids, no outputs, execution_count None) so that diffs stay readable. The GPU memory / time tables in the
-markdown cells are computed here from `sage_jax.gpu_estimates` (arithmetic estimates, no GPU measured).
+markdown cells are computed here from `gpu_estimates` (arithmetic estimates, no GPU measured).
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ if IN_COLAB and not SMOKE:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", f"{CLONE}/requirements.txt",
                         f"jax[cuda12]=={JAX_VERSION}"], check=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", CLONE], check=True)
-    sys.path.insert(0, CLONE)
+    sys.path[:0] = [CLONE, f"{CLONE}/notebooks"]  # the package, and the notebooks' helpers beside them
 else:  # a local checkout: look for sage_jax/ in the working directory and its parents
     d = os.path.abspath(os.getcwd())
     while d != os.path.dirname(d) and not os.path.isfile(os.path.join(d, "sage_jax", "__init__.py")):
         d = os.path.dirname(d)
     if os.path.isfile(os.path.join(d, "sage_jax", "__init__.py")) and d not in sys.path:
-        sys.path.insert(0, d)
+        sys.path[:0] = [d, os.path.join(d, "notebooks")]
 import sage_jax  # noqa: E402  (if this fails: pip install -e the checkout, or run from inside it)
 
 print("sage_jax from", os.path.dirname(sage_jax.__file__))"""
@@ -90,7 +90,7 @@ if SMOKE:
 import tensorflow_datasets as tfds
 from IPython.display import HTML, Image, Markdown, display
 
-from sage_jax import gpu_estimates
+import gpu_estimates
 
 tfds.disable_progress_bar()  # dataset preparation logs one line instead of progress bars
 

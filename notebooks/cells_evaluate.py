@@ -1,6 +1,6 @@
 """Cells of notebooks/evaluate_passk.ipynb (built by build_notebooks.py)."""
 
-from sage_jax import gpu_estimates as ge
+import gpu_estimates as ge
 
 E = dict(problems=100, n=16, new_tokens=1024, rows=128, prompt_assumed=256)
 BENCHMARKS = "math500:test,amc23:test,aime2024:test,minerva_math:test"
@@ -51,8 +51,8 @@ SMOKE_MODELS = r"""
 from sage_jax.config_lib import TINY_BASE, default_config
 
 if SMOKE:  # the shipped tiny model against the quickstart's run (or a 3-step LoRA run made here)
-    from sage_jax import train
-    from sage_jax.eval_mode import is_run_dir
+    from sage_jax.train import loop as train
+    from sage_jax.train.eval_mode import is_run_dir
 
     run = "runs/quickstart"
     if not is_run_dir(run):
@@ -79,7 +79,7 @@ for name, path in list(MODELS.items()):
 EVAL = r"""
 import ml_collections
 
-from sage_jax import eval_mode
+from sage_jax.train import eval_mode
 
 e = default_config()
 e.mode, e.seed = "eval", 0
@@ -97,7 +97,7 @@ results = eval_mode.run(e, EVAL_DIR)  # samples, verifies, stores EVAL_DIR/eval/
 """
 
 REPORT = r"""
-from sage_jax import eval_report
+from sage_jax.eval import report as eval_report
 
 summary = results["summary"]
 eval_report.plot_pass_at_k(summary, "passk_comparison.png")
@@ -107,7 +107,7 @@ display(Markdown("## " + open(os.path.join(EVAL_DIR, "eval", "results.md")).read
 """
 
 SUPPORT = r"""
-from sage_jax import notebook_utils as nu
+import notebook_utils as nu
 
 rows = nu.support_stats(summary, base=BASE_MODEL)
 display(Markdown(nu.support_markdown(rows)))
@@ -124,7 +124,7 @@ def cells(b):
 {b.badge("evaluate_passk")}
 
 Evaluates one or more policies (Orbax run directories of this project, HF directories, hub ids) with
-`mode=eval` (`sage_jax.eval_mode.run` -> `sage_jax.evaluate.evaluate_models`): every model samples the
+`mode=eval` (`sage_jax.train.eval_mode.run` -> `sage_jax.eval.evaluate.evaluate_models`): every model samples the
 same prompts with the same seeds; pass@k (unbiased estimator), maj@k and bootstrap CIs per benchmark and
 averaged; then draws the pass@k comparison, the pass@1-vs-pass@k scatter, and the **new-support**
 statistics: the fraction of problems a model solves at k = n that the base model never solves (and the

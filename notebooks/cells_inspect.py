@@ -1,6 +1,6 @@
 """Cells of notebooks/inspect_guides.ipynb (built by build_notebooks.py)."""
 
-from sage_jax import gpu_estimates as ge
+import gpu_estimates as ge
 
 PARAMS_EXTRA = r"""
 POLICY = "runs/quickstart"  # a run directory of this project (latest Orbax checkpoint) or an HF dir / hub id
@@ -22,11 +22,11 @@ COLOR_BY = "q_branch"  # signal that colours the text: q_branch, q_token, q_rand
 LOAD = r"""
 import json
 
-from sage_jax import eval_mode
+from sage_jax.train import eval_mode
 from sage_jax.config_lib import TINY_BASE
 from sage_jax.data.templates import format_prompt
 from sage_jax.models import hf
-from sage_jax import notebook_utils as nu
+import notebook_utils as nu
 
 if SMOKE:  # the quickstart's tiny run when it exists in this directory, else the shipped tiny model itself
     POLICY = "runs/quickstart" if eval_mode.is_run_dir("runs/quickstart") else TINY_BASE
@@ -98,9 +98,9 @@ def cells(b):
 
 Loads a policy (the quickstart's run, any run directory of this project, or an HF model) and its
 reference pi_ref, samples one completion per prompt, and shows per token: the policy's entropy (and the
-reference's), the value q of the **branch**, **token** and **random** guides (`sage_jax.guides.compute_log_q`,
+reference's), the value q of the **branch**, **token** and **random** guides (`sage_jax.rl.guides.compute_log_q`,
 the function the RL step calls), and the per-token k3 KL estimate against GRPO's anchor pi_ref and
-against each shaped anchor `q * pi_ref` (`sage_jax.losses.per_token_kl`) - as heatmaps, as coloured
+against each shaped anchor `q * pi_ref` (`sage_jax.rl.losses.per_token_kl`) - as heatmaps, as coloured
 text, and as scatter plots. q > 1 raises the anchor on a token: the KL term is smallest at
 log pi = log pi_ref + log q, so the policy may put more mass on that token before the KL pulls it back
 (branch: at high-entropy forks, where reasoning paths split); q < 1 lowers it.
@@ -117,7 +117,7 @@ is loaded again) plus a KV cache of a few MiB: fits every Colab GPU for 0.5B and
         ("code", b.DEVICES_CODE),
         ("md", """### Load the policy and the reference
 
-**What:** `sage_jax.eval_mode.load_policy` restores a run's latest checkpoint onto its base model (a LoRA
+**What:** `sage_jax.train.eval_mode.load_policy` restores a run's latest checkpoint onto its base model (a LoRA
 run: adapters on the base) or loads an HF model; the reference is the run's base (`REFERENCE = None`).
 Uses the run's own guide settings where it has them. **Time:** ~1 min on Colab for the 0.5B download,
 seconds after; `SMOKE`: ~10 s on 2 CPU cores (measured)."""),
@@ -125,7 +125,7 @@ seconds after; `SMOKE`: ~10 s on 2 CPU cores (measured)."""),
         ("md", f"""### Sample and compute the per-token signals
 
 **What:** samples one completion per prompt (`sage_jax.sampling`), recomputes the policy's and the
-reference's log-probs and entropies of those tokens (`sage_jax.logprobs`, as the RL step does), then q of
+reference's log-probs and entropies of those tokens (`sage_jax.rl.logprobs`, as the RL step does), then q of
 each guide and the per-token KL. **Time (estimates):** L4 ~1 min (compilation) + ~{sample_s:.0f} s;
 A100 similar (compilation-bound); T4 ~1.5 min; `SMOKE`: ~15 s on 2 CPU cores (measured)."""),
         ("code", SAMPLE),

@@ -1,6 +1,6 @@
 """Cells of notebooks/quickstart_sage.ipynb (built by build_notebooks.py)."""
 
-from sage_jax import gpu_estimates as ge
+import gpu_estimates as ge
 
 # The GPU run (SMOKE off). The config cell and the estimate tables both read these values.
 Q = dict(prompts=8, group=8, new_tokens=512, accum=4, chunk=32, lr=2e-5, pool=1024, steps=60, steps_15b=25,
@@ -49,7 +49,7 @@ With `Qwen/Qwen2.5-Math-1.5B` set `MAX_STEPS = {Q['steps_15b']}` for the same bu
 ~{t4 / l4t:.0f}x slower per step than an L4 (divide `MAX_STEPS` accordingly); an A100 runs the
 {Q['steps']} steps in {b.minutes(COMPILE_S + Q['steps'] * a100)}.
 
-**How these numbers were derived** (no GPU was available to measure them): `sage_jax/gpu_estimates.py`
+**How these numbers were derived** (no GPU was available to measure them): `notebooks/gpu_estimates.py`
 counts, from the model shapes, the buffers of each phase of the fused RL step ({Q['prompts']} prompts x
 G={Q['group']} = {Q['prompts'] * Q['group']} rows, prompts padded to P={Q['prompt_assumed']} tokens (the notebook
 sets P from the data and prints the estimate again), T={Q['new_tokens']} new tokens, LoRA rank 8 on all
@@ -124,14 +124,14 @@ print(gpu_estimates.describe(SHAPE, gpu_estimates.Run.of_config(c), GPU))
 """
 
 TRAIN = r"""
-from sage_jax import train
+from sage_jax.train import loop as train
 
 summary = train.run(c, WORKDIR)  # rerunning resumes from WORKDIR's newest checkpoint
 print(summary)
 """
 
 CURVES = r"""
-from sage_jax import notebook_utils as nu
+import notebook_utils as nu
 
 display(Image(nu.plot_training_curves(WORKDIR, "quickstart_curves.png")))
 """
@@ -141,7 +141,7 @@ import shutil
 
 import ml_collections
 
-from sage_jax import eval_mode
+from sage_jax.train import eval_mode
 
 e = default_config()
 e.mode, e.seed = "eval", 0
@@ -186,7 +186,7 @@ def cells(b):
 
 Trains a small instruct model with **SAGE** (GRPO whose reverse-KL anchor is `q * pi_ref`, here the
 *branch* guide: `q > 1` on high-entropy tokens) through the project's own entry point
-`sage_jax.train.run(config, workdir)`, with LoRA adapters (rank 8) and bf16 compute: DAPO-Math-17k for
+`sage_jax.train.loop.run(config, workdir)`, with LoRA adapters (rank 8) and bf16 compute: DAPO-Math-17k for
 training and MATH-500 for pass@k, both prepared by the project's TFDS builders from the hub. It then
 plots the reward / KL / entropy / q curves and pass@k of the base against the trained model.
 
@@ -221,12 +221,12 @@ offline), loads the tokenizer, and fits `data.max_prompt_tokens` to the longest 
         ("code", DATA),
         ("md", """### Memory and time estimate for this config
 
-**What:** prints the arithmetic estimate (`sage_jax/gpu_estimates.py`) for the config as it now is (with
+**What:** prints the arithmetic estimate (`notebooks/gpu_estimates.py`) for the config as it now is (with
 the real prompt length) on this GPU, or on every listed GPU when none is detected. **Time:** instant."""),
         ("code", ESTIMATE),
         ("md", f"""### Train: SAGE (branch guide) with LoRA
 
-**What:** `sage_jax.train.run`: per step, {Q['prompts']} prompts x {Q['group']} sampled completions, math-verify
+**What:** `sage_jax.train.loop.run`: per step, {Q['prompts']} prompts x {Q['group']} sampled completions, math-verify
 rewards, group advantages, the PPO-clip loss plus beta x KL to the branch-shaped anchor; only the LoRA
 adapters train. Writes `WORKDIR/metrics.jsonl`, Orbax checkpoints (every 20 steps: a disconnected
 runtime resumes by running the notebook again), and at the end `WORKDIR/export_hf` (adapters merged,
@@ -242,7 +242,7 @@ per step, from `WORKDIR/metrics.jsonl`; saved as `quickstart_curves.png`. **Time
         ("code", CURVES),
         ("md", f"""### pass@k: base vs trained
 
-**What:** `mode=eval` (`sage_jax.eval_mode.run`): both models sample the same {Q['eval_problems']} MATH-500 problems
+**What:** `mode=eval` (`sage_jax.train.eval_mode.run`): both models sample the same {Q['eval_problems']} MATH-500 problems
 with the same seeds, n = {Q['eval_n']} samples each; pass@k (unbiased) with bootstrap CIs, written to
 `EVAL_DIR/eval/` (resumable; change `EVAL_DIR` when you change sampling settings).
 **Time (estimates):** L4 ~{b.minutes(eval_seconds(s05, l4))} per model (load + compile ~1 min, sampling

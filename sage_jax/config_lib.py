@@ -8,14 +8,13 @@ A config is an `ml_collections.ConfigDict` with sub-dicts `model`, `data`, `roll
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import ml_collections
 
-from sage_jax import guides, losses
-from sage_jax.optim import OptimConfig
-from sage_jax.rl_step import RLConfig
+from sage_jax.rl import guide_configs, guides, losses
+from sage_jax.rl.optim import OptimConfig
+from sage_jax.rl.step import RLConfig
 from sage_jax.sampling import SamplingConfig
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -96,7 +95,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
     c.rl.score_chunks = 1  # the reference (and old-logp) pass in this many row chunks; 1 = all rows at once
-    # DAPO's sample-level options (sage_jax/dapo.py), off by default:
+    # DAPO's sample-level options (sage_jax/rl/dapo.py), off by default:
     c.rl.dynamic_sampling = 1  # k > 1: sample k x data.batch_size prompts per step, train on data.batch_size
     #                            of them, groups with unequal rewards first (1 = off)
     c.rl.overlong_buffer = 0  # soft overlong penalty over the last this-many tokens of rollout.max_new_tokens (0 = off)
@@ -196,7 +195,7 @@ def guide_config(c):
         raise ConfigValidationError(f"sage.guide: {e}") from None
     fields = dict(c.sage.get(name, {}) or {})
     try:
-        return guides.make_guide_config(name, **fields) if name != "none" else guides.NoneGuideConfig()
+        return guides.make_guide_config(name, **fields) if name != "none" else guide_configs.NoneGuideConfig()
     except (ValueError, TypeError) as e:
         raise ConfigValidationError(f"sage.{name}: {e}") from None
 
@@ -384,23 +383,3 @@ def validate(c, num_devices: int | None = None) -> None:
         if c.mode == "rl" and (rows // c.rl.num_minibatches) % accum:
             raise ConfigValidationError(f"{rows // c.rl.num_minibatches} rows per minibatch not divisible by "
                                         f"rl.grad_accum_steps={accum}")
-
-
-def base_pointer(c) -> dict:
-    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
-    (and their optimizer state), so it names the base they were trained on."""
-    lora_cfg = lora_config(c)
-    if lora_cfg is None:
-        return {}
-    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
-
-
-def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
-    saved = {k: meta.get(k) for k in ("base_model", "lora")}
-    saved["lora"] = saved["lora"] and {**saved["lora"], "targets": tuple(saved["lora"]["targets"])}
-    want = {k: base.get(k) for k in ("base_model", "lora")}
-    if saved != want:
-        raise ConfigValidationError(
-            f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
-            f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
-            f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")

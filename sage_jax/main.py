@@ -20,14 +20,14 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, met
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from sage_jax.checkpoint import RestoreError
     from sage_jax.config_lib import ConfigValidationError
     from sage_jax.data.sources import DataConfigError, DataFormatError, ManualFileMissingError
+    from sage_jax.eval.evaluate import SettingsMismatchError
     from sage_jax.models.config import ConfigError
     from sage_jax.models.hf import CheckpointError
     from sage_jax.models.safetensors_io import SafetensorsError
-    from sage_jax.evaluate import SettingsMismatchError
-    from sage_jax.metric_writer import MetricsFileError
+    from sage_jax.train.checkpoint import RestoreError
+    from sage_jax.train.metric_writer import MetricsFileError
     return (ConfigValidationError, ConfigError, CheckpointError, SafetensorsError, DataFormatError,
             ManualFileMissingError, SettingsMismatchError, MetricsFileError, DataConfigError, RestoreError)
 
@@ -36,7 +36,7 @@ def _report(summary: dict) -> None:
     """The held-out evaluation before and after training with paired CIs, then the summary as one JSON line."""
     ev = summary.get("eval")
     if ev is not None and "before" in summary and "after" in summary:
-        from sage_jax import eval_report
+        from sage_jax.eval import report as eval_report
         first, last = "step_0", f"step_{summary['end_step']}"
         info = next(iter(ev["benchmarks"].values()))
         print(f"\nheld-out evaluation ({info['num_problems']} problems x n = {info['n']}; {first} = before "
@@ -74,10 +74,10 @@ def main(argv):
     try:
         _check_workdir(_WORKDIR.value)
         if c.mode == "eval":
-            from sage_jax import eval_mode
+            from sage_jax.train import eval_mode
             eval_mode.run(c, _WORKDIR.value)
         else:
-            from sage_jax import train
+            from sage_jax.train import loop as train
             _report(train.run(c, _WORKDIR.value))
     except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)

@@ -30,17 +30,17 @@ def main():
     import jax
     import jax.numpy as jnp
     import numpy as np
-
     import rl_fixtures as F
     from sharding_worker import make_model, parts
-    from sage_jax import rl_step as R
+
     from sage_jax import sharding as shd
-    from sage_jax.reward_host import HostReward
+    from sage_jax.rewards.host import HostReward
+    from sage_jax.rl import state as rl_state, step as R
 
     assert jax.device_count() == 4 and jax.process_count() == a.num_processes
     mesh = shd.make_mesh((1, 2, 2))
     cfg, tx, lr_fn = parts()
-    graphdef, state = R.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
+    graphdef, state = rl_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
 
     verified = []
 

@@ -15,16 +15,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import rl_fixtures as F  # noqa: E402
 from flax import nnx  # noqa: E402
 
-import rl_fixtures as F  # noqa: E402
-from sage_jax import losses, optim  # noqa: E402
-from sage_jax import rl_step as R  # noqa: E402
 from sage_jax import sharding as shd  # noqa: E402
 from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import tiny_config  # noqa: E402
-from sage_jax.reward_host import HostReward  # noqa: E402
-from sage_jax.sampling import generate  # noqa: E402
+from sage_jax.rewards.host import HostReward  # noqa: E402
+from sage_jax.rl import losses  # noqa: E402
+from sage_jax.rl import optim, state as rl_state, step as R  # noqa: E402
+from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
 
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
 LORA_MESHES = [(2, 2, 2), (1, 2, 4)]  # LoRA: adapters placed by their axes, the base where hf.load puts it
@@ -36,7 +36,7 @@ def make_model():
 
 
 def parts():
-    cfg = R.RLConfig(group_size=4, sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0,
+    cfg = R.RLConfig(group_size=4, sampling=SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0,
                                                                    decode_segments=2),
                      loss=losses.LossConfig(beta=0.04))
     tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=LR))
@@ -77,7 +77,7 @@ def rollout_tokens(graphdef, state, cfg, batch, mesh):
         with shd.activation_sharding(mesh):
             out = generate(nnx.merge(graphdef, params), rep(prompt), rep(pmask), key, cfg.sampling)
         return out.tokens_BxT, out.mask_BxT
-    return jax.jit(fn)(R.policy_state(state), state.rng, state.step, batch["prompt"], batch["prompt_mask"])
+    return jax.jit(fn)(rl_state.policy_state(state), state.rng, state.step, batch["prompt"], batch["prompt_mask"])
 
 
 def make_lora_model():
@@ -91,7 +91,7 @@ def make_lora_model():
 def run(mesh_shape, out_dir, report, use_lora=False):
     cfg, tx, lr_fn = parts()
     model = make_lora_model() if use_lora else make_model()
-    graphdef, state = R.init_train_state(model, cfg, tx, 0)  # eager init, as the 1-device path
+    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)  # eager init, as the 1-device path
     name = ("lora_" if use_lora else "") + ("ref" if mesh_shape is None else "x".join(map(str, mesh_shape)))
     mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
     if mesh is not None:
@@ -116,11 +116,11 @@ def run(mesh_shape, out_dir, report, use_lora=False):
 def born(report):
     """Born-sharded init on each mesh: the shardings, and the values against the eager init."""
     cfg, tx, _ = parts()
-    _, eager = R.init_train_state(make_model(), cfg, tx, 0)
+    _, eager = rl_state.init_train_state(make_model(), cfg, tx, 0)
     ref = flat(eager.params, "")
     for ms in MESHES:
         mesh = shd.make_mesh(ms)
-        _, st = R.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
+        _, st = rl_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
         got = flat(st.params, "")
         diff = max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref)
         report["born_" + "x".join(map(str, ms))] = {"shardings": shardings(st), "max_abs_diff_vs_eager": diff}

@@ -8,8 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
-from sage_jax import losses
-from sage_jax import rl_step as R
+from sage_jax.rl import losses, state as rl_state, step as R
 
 A, B, T, D, V = 4, 16, 7, 8, 11
 
@@ -62,7 +61,7 @@ def test_accumulated_equals_big_batch(loss_type):
 def _sgd_step(loss_type, accum):
     from sage_jax.models.decoder import Decoder
     from sage_jax.models.tiny import tiny_config
-    from sage_jax.reward_host import HostReward
+    from sage_jax.rewards.host import HostReward
     from sage_jax.sampling import SamplingConfig
     from tests import rl_fixtures as F
 
@@ -70,7 +69,7 @@ def _sgd_step(loss_type, accum):
                      loss=losses.LossConfig(loss_type=loss_type, beta=0.04), grad_accum_steps=accum)
     model = Decoder(tiny_config(hidden_size=32, num_layers=1), rngs=nnx.Rngs(0))
     tx = optax.sgd(1.0)  # the update is -grad: compares gradients, not Adam's normalised steps
-    graphdef, state = R.init_train_state(model, cfg, tx, 0)
+    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)
     p0 = jax.tree.map(np.asarray, state.params)
     step = jax.jit(lambda s, b: R.rl_step(s, b, graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lambda s: 1.0,
                                            reward_host=HostReward(F.TOK, F.count_ones)))

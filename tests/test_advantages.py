@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sage_jax import advantages
-
+from sage_jax.rl import advantages
 
 pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 
@@ -112,7 +111,7 @@ def _brute_force_pass_at_k(correct, k):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_pass_at_k_advantage_is_the_subset_enumeration(k):
-    from sage_jax.advantages import pass_at_k_advantages
+    from sage_jax.rl.advantages import pass_at_k_advantages
     rng = np.random.default_rng(k)
     G = 6
     rewards = (rng.random(8 * G) < 0.35).astype(np.float32)
@@ -132,7 +131,7 @@ def test_pass_at_k_advantage_is_finite_and_exact_for_every_count(k):
     """Every number of correct samples in a group of 8 (float32): finite, and the enumeration's value. A group
     with fewer than k wrong samples has pass@k exactly 1; products of ratios used to land a hair above it and
     make the std NaN (found by a run of configs/tiny.py with rl.pass_at_k=4)."""
-    from sage_jax.advantages import pass_at_k_advantages
+    from sage_jax.rl.advantages import pass_at_k_advantages
     G = 8
     rewards = np.concatenate([(np.arange(G) < c).astype(np.float32) for c in range(G + 1)])
     # jitted, as in the RL step: XLA may divide by multiplying with a reciprocal, so (8 - j) / (8 - j) != 1

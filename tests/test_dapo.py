@@ -9,13 +9,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-
 from rl_fixtures import TOK, batch, setup
-from sage_jax import dapo
-from sage_jax import rl_step as R
-from sage_jax.advantages import group_advantages
-from sage_jax.reward_host import HostReward
-from sage_jax.rollout import rollout
+
+from sage_jax.rewards.host import HostReward
+from sage_jax.rl import dapo, state as rl_state, step as R
+from sage_jax.rl.advantages import group_advantages
+from sage_jax.rl.rollout import rollout
 from sage_jax.sampling import SamplingConfig
 
 EOS = 2
@@ -67,7 +66,7 @@ def _by_answer(completions, answers):
 
 
 def _batch(answers):
-    from sage_jax.reward_host import encode_answers
+    from sage_jax.rewards.host import encode_answers
     b = batch()
     return dict(b, answer=jnp.asarray(encode_answers(TOK, answers, 8)))
 
@@ -76,7 +75,7 @@ def _rollout(answers, max_new_tokens=16, eos_ids=(EOS,), **fields):
     cfg, graphdef, state, _ = setup(sampling=SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=0,
                                                             decode_segments=2))
     cfg = dataclasses.replace(cfg, **fields)
-    policy = R.policy_model(graphdef, state)
+    policy = rl_state.policy_model(graphdef, state)
     fn = jax.jit(lambda b, key: rollout(policy, b, key, cfg, HostReward(TOK, _by_answer)))
     return fn(_batch(answers), jax.random.key(7)), cfg
 
@@ -151,7 +150,7 @@ def test_dapo_config_errors():
 def test_pass_at_k_reads_the_verifier_not_the_length_penalty():
     """A correct completion stays correct for the pass@k advantage whatever its length penalty (a shaped
     reward of 1 - 5 < 0 would otherwise count as wrong)."""
-    from sage_jax.advantages import pass_at_k_advantages
+    from sage_jax.rl.advantages import pass_at_k_advantages
     answers, ends = ["12", "3", "4", "4"], tuple(range(2, 20))
     plain, cfg = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2)
     ro, _ = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2, overlong_buffer=4, overlong_penalty=5.0)

@@ -5,9 +5,8 @@ import string
 
 import pytest
 
-from sage_jax.data import procedural as P
-from sage_jax.data import templates as T
-from sage_jax.rewards import exact_match_reward
+from sage_jax.data import procedural as P, templates as T
+from sage_jax.rewards.verifiers import exact_match_reward
 
 
 def _py_eval(expr: str) -> int:

@@ -4,10 +4,8 @@ import re
 
 import pytest
 
-from sage_jax.data import builders
-from sage_jax.data import procedural as P
-from sage_jax.data import strategies as S
-from sage_jax.rewards import exact_match_reward
+from sage_jax.data import builders, procedural as P, strategies as S
+from sage_jax.rewards.verifiers import exact_match_reward
 
 SFT = P.ArithmeticSpec(**{k: v for k, v in builders.STRATEGIES_SFT_TASK.items() if k not in ("num_train", "num_test")})
 RL = P.ArithmeticSpec(**{k: v for k, v in builders.STRATEGIES_TASK.items() if k not in ("num_train", "num_test")})

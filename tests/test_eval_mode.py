@@ -5,10 +5,10 @@ import os
 
 import ml_collections
 import pytest
-
-from sage_jax import eval_mode, train
-from sage_jax.config_lib import TINY_BASE
 from test_learning import tiny_config
+
+from sage_jax.config_lib import TINY_BASE
+from sage_jax.train import eval_mode, loop as train
 
 
 def _small(c):

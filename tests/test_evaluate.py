@@ -6,8 +6,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from sage_jax import eval_metrics as em
-from sage_jax.evaluate import default_ks, extract_boxed_answer, pass_at_k
+from sage_jax.eval import metrics as em
+from sage_jax.eval.metrics import default_ks, pass_at_k
+from sage_jax.rewards.boxed import extract_boxed_answer
 
 
 def exact_pass_at_k(n: int, c: int, k: int) -> Fraction:

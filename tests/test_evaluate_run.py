@@ -7,11 +7,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from sage_jax import eval_report
-from sage_jax.evaluate import (
-    Completion, EvalSettings, Problem, SettingsMismatchError, evaluate_models, extract_boxed_answer,
-    load_results, results_path,
-)
+from sage_jax.eval import report as eval_report
+from sage_jax.eval.evaluate import (EvalSettings, Problem, SettingsMismatchError, evaluate_models, load_results,
+                                    results_path)
+from sage_jax.rewards.boxed import extract_boxed_answer
+from sage_jax.sampling import Completion
 
 
 def numeric_reward(completions, answers):
@@ -352,7 +352,7 @@ def test_changed_verifier_refuses_and_non_writer_writes_nothing(tmp_path):
 
 
 def test_with_the_project_verifier(tmp_path):
-    rewards = pytest.importorskip("sage_jax.rewards")
+    rewards = pytest.importorskip("sage_jax.rewards.verifiers")
     script = {"P1": [r"so \boxed{\frac{1}{2}}", r"\boxed{0.5}", r"\boxed{2}", "no idea"]}
     log = new_log()
     results = evaluate_models(
@@ -363,4 +363,4 @@ def test_with_the_project_verifier(tmp_path):
     assert rec["correct"] == [1, 1, 0, 0]
     # Two spellings of the same value are two distinct correct answers (strings are compared).
     assert results["summary"]["per_problem"]["m"]["b"]["p1"]["distinct_correct_answers"] == 2
-    assert results["verifier"]["reward_fn"] == "sage_jax.rewards.math_verify_reward"
+    assert results["verifier"]["reward_fn"] == "sage_jax.rewards.verifiers.math_verify_reward"

@@ -1,7 +1,7 @@
 """Guides vs an independent NumPy implementation of docs/design.md §2 (float64), plus invariants.
 
 The NumPy references below use loops and numpy's own percentile/std; they never call
-sage_jax. Random noise is drawn with the key convention documented in sage_jax.guides
+sage_jax. Random noise is drawn with the key convention documented in sage_jax.rl.guides
 (token: normal(key); random: split(key) -> (gate, noise)), then fed to the NumPy formula.
 """
 
@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sage_jax import guides
-
+from sage_jax.rl import guide_configs, guide_norm, guides
 
 pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 
@@ -123,7 +122,7 @@ def test_branch_threshold_and_clamp_values():
 # ------------------------------------------------------------------ token
 
 
-@pytest.mark.parametrize("norm", guides.NORMS)
+@pytest.mark.parametrize("norm", guide_norm.NORMS)
 @pytest.mark.parametrize("ties", [False, True])
 def test_token_matches_numpy(norm, ties):
     s, m, sg = make_batch(2, ties=ties)
@@ -136,11 +135,11 @@ def test_token_matches_numpy(norm, ties):
     assert np.all(got[~m] == 1.0) and np.all(np.isfinite(got))
 
 
-@pytest.mark.parametrize("norm", guides.NORMS)
+@pytest.mark.parametrize("norm", guide_norm.NORMS)
 def test_normalisation_weights_match_numpy(norm):
     # Wide clamp so w itself is visible: q = 1 + 1 * w exactly.
     s, m, sg = make_batch(3, B=8, T=40)
-    w = np.asarray(guides.normalize_per_sequence(jnp.asarray(sg), jnp.asarray(m), norm))
+    w = np.asarray(guide_norm.normalize_per_sequence(jnp.asarray(sg), jnp.asarray(m), norm))
     for b in range(s.shape[0]):
         idx = np.nonzero(m[b])[0]
         np.testing.assert_allclose(w[b, idx], np_norm_row(s[b, idx], norm), atol=1e-12)
@@ -154,7 +153,7 @@ def test_normalisation_weights_match_numpy(norm):
 def test_minmax_clips_outliers_to_percentiles():
     s = np.concatenate([np.linspace(0.0, 1.0, 19), [100.0]])[None, :]
     m = np.ones_like(s, bool)
-    w = np.asarray(guides.normalize_per_sequence(jnp.asarray(s), jnp.asarray(m), "minmax"))
+    w = np.asarray(guide_norm.normalize_per_sequence(jnp.asarray(s), jnp.asarray(m), "minmax"))
     lo, hi = np.percentile(s[0], 5), np.percentile(s[0], 95)
     assert abs(w[0, -1] - 1.0) < 1e-12 and w[0, 0] == 0.0 
     # The outlier does not squash the rest: without clipping w[-2] would be ~0.01.
@@ -201,23 +200,23 @@ def test_random_gate_rate():
 @pytest.mark.parametrize("max_steps", [80, 85, 5, 1, 1000])
 def test_cosine_schedule_matches_formula(max_steps):
     steps = sorted(set([0, 1, 4, 5, 9, 10, 11, 19, 20, 69, 70, 79, 80, 84, 85, 100, 999, 1500]))
-    f = jax.jit(lambda s: guides.cosine_schedule(s, max_steps, 0.3, 0.1))
+    f = jax.jit(lambda s: guide_configs.cosine_schedule(s, max_steps, 0.3, 0.1))
     for s in steps:
         want = np_cosine(s, max_steps, 0.3, 0.1)
         assert abs(float(f(jnp.asarray(s))) - want) < 1e-12, (max_steps, s)
-        assert abs(float(guides.cosine_schedule(s, max_steps, 0.1, 0.0, 4, 0.5))
+        assert abs(float(guide_configs.cosine_schedule(s, max_steps, 0.1, 0.0, 4, 0.5))
                    - np_cosine(s, max_steps, 0.1, 0.0, 4, 0.5)) < 1e-12
 
 
 def test_cosine_schedule_restarts_and_decay():
-    v = [float(guides.cosine_schedule(s, 80, 0.3, 0.1)) for s in range(80)]
+    v = [float(guide_configs.cosine_schedule(s, 80, 0.3, 0.1)) for s in range(80)]
     # Each cycle starts at ub * decay^c and decreases monotonically within its 10 steps.
     for c in range(8):
         np.testing.assert_allclose(v[10 * c], 0.3 * 0.9**c, atol=1e-12)
         assert all(v[10 * c + i] > v[10 * c + i + 1] for i in range(9))
     assert v[10] > v[9]  # restart
     # Traced max_steps works too and agrees.
-    g = jax.jit(guides.cosine_schedule, static_argnums=(2, 3))
+    g = jax.jit(guide_configs.cosine_schedule, static_argnums=(2, 3))
     assert abs(float(g(jnp.asarray(37), jnp.asarray(80), 0.3, 0.1)) - v[37]) < 1e-12
 
 
@@ -243,18 +242,18 @@ def test_compute_log_q_branch_sources():
     inp, d = _inputs()
     f = jax.jit(guides.compute_log_q, static_argnums=(0, 1))
     for source, H in [("new", d["H"]), ("ref", d["Href"])]:
-        log_q, q = f("branch", guides.BranchConfig(source=source), inp)
+        log_q, q = f("branch", guide_configs.BranchConfig(source=source), inp)
         np.testing.assert_allclose(np.asarray(q), np_branch(H, d["m"]), atol=1e-12)
         np.testing.assert_allclose(np.asarray(log_q), np.log(np_branch(H, d["m"])), atol=1e-12)
         assert np.all(np.asarray(log_q)[~d["m"]] == 0.0)
 
 
-@pytest.mark.parametrize("norm", guides.NORMS)
-@pytest.mark.parametrize("source", guides.SOURCES)
+@pytest.mark.parametrize("norm", guide_norm.NORMS)
+@pytest.mark.parametrize("source", guide_configs.SOURCES)
 def test_compute_log_q_token_uses_schedule_from_step(norm, source):
     step, max_steps = 27, 80
     inp, d = _inputs(step=step, max_steps=max_steps)
-    cfg = guides.TokenConfig(source=source, norm=norm)
+    cfg = guide_configs.TokenConfig(source=source, norm=norm)
     log_q, q = jax.jit(guides.compute_log_q, static_argnums=(0, 1))("token", cfg, inp)
     alpha = np_cosine(step, max_steps, 0.3, 0.1)
     sigma = np_cosine(step, max_steps, 0.25, 0.1)
@@ -268,7 +267,7 @@ def test_compute_log_q_token_uses_schedule_from_step(norm, source):
 def test_compute_log_q_random_uses_schedule_from_step():
     step, max_steps = 45, 80
     inp, d = _inputs(step=step, max_steps=max_steps)
-    _, q = guides.compute_log_q("random", guides.RandomConfig(), inp)
+    _, q = guides.compute_log_q("random", guide_configs.RandomConfig(), inp)
     eps = np_cosine(step, max_steps, 0.1, 0.0)
     sigma = np_cosine(step, max_steps, 0.15, 0.05)
     kg, kn = jax.random.split(inp.key)
@@ -319,7 +318,7 @@ def test_compute_log_q_stops_gradient():
 
 def test_register_custom_guide_by_name():
     @dataclasses.dataclass(frozen=True)
-    class ScaledEntropy(guides.GuideConfig):
+    class ScaledEntropy(guide_configs.GuideConfig):
         scale: float = 0.1  # q per nat
 
     @guides.register_guide("_test_scaled_entropy", ScaledEntropy, overwrite=True)
@@ -342,15 +341,15 @@ def test_config_validation_errors():
     with pytest.raises(ValueError, match="unknown guide='nope'"):
         guides.get_guide("nope")
     with pytest.raises(ValueError, match=r"BranchConfig.q_min=1.5 must be <= BranchConfig.q_max"):
-        guides.BranchConfig(q_min=1.5, q_max=1.4)
+        guide_configs.BranchConfig(q_min=1.5, q_max=1.4)
     with pytest.raises(ValueError, match="q_min must be > 0"):
-        guides.TokenConfig(q_min=0.0)
+        guide_configs.TokenConfig(q_min=0.0)
     with pytest.raises(ValueError, match="TokenConfig.norm='l2'"):
-        guides.TokenConfig(norm="l2")
+        guide_configs.TokenConfig(norm="l2")
     with pytest.raises(ValueError, match="source='old'"):
-        guides.BranchConfig(source="old")
+        guide_configs.BranchConfig(source="old")
     with pytest.raises(ValueError, match="RandomConfig.eps_ub"):
-        guides.RandomConfig(eps_ub=1.5)
+        guide_configs.RandomConfig(eps_ub=1.5)
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['ratoi'\]"):
         guides.make_guide_config("branch", ratoi=0.1)
     with pytest.raises(ValueError, match="unknown norm"):
@@ -358,10 +357,10 @@ def test_config_validation_errors():
     with pytest.raises(ValueError, match="q_min must be <= q_max"):
         guides.branch_q(jnp.ones((1, 2)), jnp.ones((1, 2)), q_min=2.0, q_max=1.0)
     with pytest.raises(TypeError, match="expects a TokenConfig"):
-        guides.compute_log_q("token", guides.BranchConfig(), _inputs()[0])
+        guides.compute_log_q("token", guide_configs.BranchConfig(), _inputs()[0])
     inp, _ = _inputs()
     with pytest.raises(ValueError, match="needs GuideInputs.ref_entropy_BxT"):
-        guides.compute_log_q("branch", guides.BranchConfig(source="ref"),
+        guides.compute_log_q("branch", guide_configs.BranchConfig(source="ref"),
                              inp.replace(ref_entropy_BxT=None))
 
 
@@ -369,7 +368,7 @@ def test_config_from_ml_collections():
     ml_collections = pytest.importorskip("ml_collections")
     sage = ml_collections.ConfigDict(dict(guide="token", token=dict(norm="rank", alpha_ub=0.5)))
     cfg = guides.make_guide_config(sage.guide, **sage.token)
-    assert cfg == guides.TokenConfig(norm="rank", alpha_ub=0.5)
+    assert cfg == guide_configs.TokenConfig(norm="rank", alpha_ub=0.5)
     sched = cfg.schedule(jnp.asarray(0), 80)
     np.testing.assert_allclose(float(sched["alpha"]), 0.5)
     np.testing.assert_allclose(float(sched["sigma"]), 0.25)

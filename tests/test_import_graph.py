@@ -1,5 +1,6 @@
 """The package's import graph, read from the source with `ast` (function-local imports included): no module
-imports another that, directly or not, imports it back, and no `_private` name crosses a module boundary."""
+imports another that, directly or not, imports it back; imports only point down the layers of docs/design.md §4;
+no `_private` name crosses a module boundary."""
 
 import ast
 import os
@@ -53,6 +54,49 @@ def test_no_import_circles():
         if m not in state:
             visit(m, [m])
     assert not cycles, f"import circles: {cycles}"
+
+
+# docs/design.md §4: models <- sampling <- rl <- train <- main, with data, rewards and eval beside. A unit (a
+# subpackage or a top-level module) imports only units on lower layers, never one on its own layer or above.
+LAYERS = {
+    "sharding": 0, "stop_strings": 0,
+    "models": 1, "rewards": 1, "distributed": 1,
+    "sampling": 2, "data": 2,
+    "rl": 3, "eval": 3,
+    "config_lib": 4, "losses": 4, "guides": 4, "evaluate": 4,  # the last three: aliases of the §6 interface
+    "train": 5,
+    "main": 6,
+}
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_imports_only_point_down():
+    mods, graph = _graph()
+    unplaced = sorted({_unit(m) for m in mods if m != "sage_jax"} - set(LAYERS))
+    assert not unplaced, f"modules on no layer (add them to LAYERS): {unplaced}"
+    up = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                if m != "sage_jax" and _unit(m) != _unit(t) and LAYERS[_unit(t)] >= LAYERS[_unit(m)])
+    assert not up, f"imports that do not point down: {up}"
+
+
+def test_the_design_interface_names_import():
+    """docs/design.md §6's names, importable where outside checks look for them and the same objects as the
+    implementations'."""
+    from sage_jax import evaluate, guides, losses, rewards
+    from sage_jax.eval import metrics
+    from sage_jax.models import hf
+    from sage_jax.rewards import verifiers
+    from sage_jax.rl import guide_configs, guides as rl_guides, losses as rl_losses
+
+    assert losses.per_token_kl is rl_losses.per_token_kl
+    for name in ("branch_q", "token_q", "random_q", "cosine_schedule"):
+        assert getattr(guides, name) is getattr(rl_guides if name != "cosine_schedule" else guide_configs, name)
+    assert evaluate.pass_at_k is metrics.pass_at_k
+    assert rewards.math_verify_reward is verifiers.math_verify_reward
+    assert callable(hf.load) and callable(hf.save)
 
 
 def test_no_private_name_crosses_a_module():

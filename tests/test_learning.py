@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from sage_jax import train
-from sage_jax.metric_writer import read_metrics
+from sage_jax.train import loop as train
+from sage_jax.train.metric_writer import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sage_jax import losses, optim
-from sage_jax import rl_step as R
-from sage_jax.logprobs import sequence_logp_entropy
 from sage_jax.models import hf, lora
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
+from sage_jax.rl import losses, optim, state as rl_state, step as R
+from sage_jax.rl.logprobs import sequence_logp_entropy
 from tests import hf_fixtures, rl_fixtures as F
 
 LCFG = lora.LoRAConfig(rank=4, alpha=8.0)
@@ -71,10 +70,10 @@ def test_one_step_trains_only_adapters_and_reference_is_base():
     _, base_params = nnx.split(base_model)
     base_np = jax.tree.map(np.asarray, base_params)
     # full fine-tuning state for the byte comparison
-    full = state_bytes(R.init_train_state(_tiny(), cfg, tx, 0)[1])
+    full = state_bytes(rl_state.init_train_state(_tiny(), cfg, tx, 0)[1])
 
     model = lora.add_lora(_tiny(), lora.LoRAConfig(rank=4, alpha=8.0, dropout=0.1))  # dropout in training
-    graphdef, state = R.init_train_state(model, cfg, tx, 0)
+    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)
     sizes = state_bytes(state)
     print(f"\nbytes full FT: {full}\nbytes LoRA r={LCFG.rank}: {sizes}")
     assert state.ref_params is None  # no second copy of the weights
@@ -95,12 +94,12 @@ def test_one_step_trains_only_adapters_and_reference_is_base():
     # reference = base arrays with adapters zeroed: its log-probs equal the base model's exactly
     tokens = _tokens(base_model.cfg.vocab_size, (3, 10))
     mask = jnp.ones_like(tokens)
-    ref = R.merge_policy(graphdef, jax.tree.map(jnp.zeros_like, state.params), state.frozen_params)
+    ref = rl_state.merge_policy(graphdef, jax.tree.map(jnp.zeros_like, state.params), state.frozen_params)
     slp = nnx.jit(lambda m: sequence_logp_entropy(m, tokens, mask, 4))
     lp_ref, ent_ref = slp(ref)
     lp_base, ent_base = slp(base_model)
     np.testing.assert_array_equal(np.asarray(lp_ref), np.asarray(lp_base))
-    lp_pol, _ = slp(R.policy_model(graphdef, state))
+    lp_pol, _ = slp(rl_state.policy_model(graphdef, state))
     assert np.abs(np.asarray(lp_pol) - np.asarray(lp_base)).max() > 0  # the policy did change
 
 
@@ -209,7 +208,7 @@ def test_sharded_init_keeps_base_and_places_adapters(adapted_hf):
     mesh = jax.tree.leaves(nnx.state(model, nnx.Param))[0].sharding.mesh  # hf.load's 1-device mesh
     cfg = R.RLConfig(group_size=2, loss=losses.LossConfig(beta=0.04))
     tx, _ = optim.make_optimizer(optim.OptimConfig())
-    graphdef, state = R.init_train_state_sharded(model, cfg, tx, 0, mesh)
+    graphdef, state = rl_state.init_train_state_sharded(model, cfg, tx, 0, mesh)
     assert state.ref_params is None and state.frozen_params is not None
     assert all(isinstance(x.sharding, jax.sharding.NamedSharding) for x in jax.tree.leaves(state))
     n_adapters = sum(x.size for x in jax.tree.leaves(state.params))
@@ -247,10 +246,10 @@ def test_dropout_only_with_a_training_key(remat):
 
 @pytest.mark.parametrize("targets", [("q", "k", "v", "o", "gate", "up", "down"), ("q", "v")])
 def test_state_bytes_match_the_estimates_of_the_memory_plan(targets):
-    """The analytic counts `sage_jax.gpu_estimates` (and so experiments/memory_plan.py's LoRA table) uses
+    """The analytic counts `gpu_estimates` (and so experiments/memory_plan.py's LoRA table) uses
     equal the bytes a real train state holds: full FT = params + reference + Adam m, v; LoRA = adapters +
     Adam m, v, with the base frozen and no reference copy."""
-    from sage_jax import gpu_estimates as ge
+    import gpu_estimates as ge
 
     cfg = R.RLConfig(group_size=4, sampling=F.SamplingConfig(max_new_tokens=8, eos_ids=(2,), pad_id=0),
                      loss=losses.LossConfig(beta=0.04))
@@ -258,11 +257,11 @@ def test_state_bytes_match_the_estimates_of_the_memory_plan(targets):
     model = _tiny()
     shape = ge.Shape.of(model.cfg)
     n = ge.param_count(shape)
-    full = state_bytes(R.init_train_state(model, cfg, tx, 0)[1])
+    full = state_bytes(rl_state.init_train_state(model, cfg, tx, 0)[1])
     counts = 2 * 4  # Adam's and the schedule's int32 step counters
     assert full == dict(params=4 * n, frozen=0, ref=4 * n, opt_state=2 * 4 * n + counts)
     lcfg = lora.LoRAConfig(rank=4, alpha=8.0, targets=targets)
-    sizes = state_bytes(R.init_train_state(lora.add_lora(_tiny(), lcfg), cfg, tx, 0)[1])
+    sizes = state_bytes(rl_state.init_train_state(lora.add_lora(_tiny(), lcfg), cfg, tx, 0)[1])
     n_lora = ge.lora_param_count(shape, 4, targets)
     assert sizes == dict(params=4 * n_lora, frozen=4 * n, ref=0, opt_state=2 * 4 * n_lora + counts)
     print(f"\nLoRA r=4 {targets}: trainable + optimizer bytes {sizes['params'] + sizes['opt_state']} vs full FT "

@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from loss_reference import make_tensors, np_policy_loss
-from sage_jax import losses
-from sage_jax.losses import LossConfig
+
+from sage_jax.rl import losses
+from sage_jax.rl.losses import LossConfig
 
 pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 

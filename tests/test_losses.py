@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from loss_reference import make_tensors, np_kl, np_policy_loss
-from sage_jax import guides, losses
-from sage_jax.losses import LossConfig
+
+from sage_jax.rl import guides, losses
+from sage_jax.rl.losses import LossConfig
 
 pytestmark = pytest.mark.usefixtures("x64")  # float64 references (tests/conftest.py)
 

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sage_jax import config_lib, losses
-from sage_jax.logprobs import sequence_logp_entropy
+from sage_jax import config_lib
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
+from sage_jax.rl import losses
+from sage_jax.rl.logprobs import sequence_logp_entropy
 
 
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from sage_jax.metric_writer import read_metrics
 from sage_jax.models.tiny import write_random_init
+from sage_jax.train.metric_writer import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "train_worker.py")
@@ -40,7 +40,7 @@ def data_dir(tmp_path_factory):
     # Prepared once, here: two processes preparing the same TFDS directory at once would race.
     import importlib.util
 
-    from sage_jax import train_data
+    from sage_jax.train import data as train_data
     d = str(tmp_path_factory.mktemp("tfds"))
     spec = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(ROOT, "configs", "tiny.py"))
     mod = importlib.util.module_from_spec(spec)

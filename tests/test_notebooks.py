@@ -76,7 +76,7 @@ def test_readme_links_every_notebook():
 
 
 def test_estimates_are_consistent():
-    from sage_jax import gpu_estimates as ge
+    import gpu_estimates as ge
     s = ge.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"]
     assert abs(ge.param_count(s) - 494_032_768) < 1e6  # Qwen2.5-0.5B's published size
     r = ge.Run(rows=64, prompt_tokens=256, new_tokens=512, micro_rows=16, logp_chunk=32, lora_rank=8)

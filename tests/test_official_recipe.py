@@ -65,7 +65,7 @@ def _preset(arg=None):
 
 def _resolved(c) -> dict:
     """The preset as this project runs it, in the official names."""
-    from sage_jax.rewards import REWARD_FNS, math_verify_text_reward
+    from sage_jax.rewards.verifiers import REWARD_FNS, math_verify_text_reward
     from sage_jax.sampling import SamplingConfig
     stop = object()  # stands for the compiled stop strings (they need the 7B tokenizer)
     rl = config_lib.rl_config(c, eos_ids=(1,), pad_id=0, stop=stop)
@@ -306,9 +306,8 @@ def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
     import sys
 
     from sage_jax.config_lib import TINY_BASE
-    from sage_jax.models import hf
-    from sage_jax.models import safetensors_io as st
     from sage_jax.data.templates import OFFICIAL_SYSTEM_PROMPT as sys_prompt
+    from sage_jax.models import hf, safetensors_io as st
     _write_data(tmp_path / "manual")
     _write_omr(tmp_path / "manual")
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHON=sys.executable,

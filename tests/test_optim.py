@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from sage_jax import optim
+from sage_jax.rl import optim
 
 
 @pytest.mark.parametrize("schedule", optim.SCHEDULES)

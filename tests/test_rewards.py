@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from sage_jax import rewards as R
+from sage_jax.rewards import boxed, pool as pool_lib, verifiers as R
 
 
 def B(s: str) -> str:
@@ -77,7 +77,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def pool():
-    with R.VerifierPool(num_workers=2, timeout_s=5.0) as p:
+    with pool_lib.VerifierPool(num_workers=2, timeout_s=5.0) as p:
         yield p
 
 
@@ -94,7 +94,7 @@ def test_table_of_cases(pool):
 
 def test_pathological_batch_returns_in_time_with_zeros():
     timeout = 1.5
-    with R.VerifierPool(num_workers=2, timeout_s=timeout) as p:
+    with pool_lib.VerifierPool(num_workers=2, timeout_s=timeout) as p:
         p.verify(["\\boxed{1}"], ["1"])  # start the workers outside the timed call
         bad = [
             "\\boxed{9^{9^{9^{9}}}}",  # sympy evaluates this power in C: only a kill stops it
@@ -130,14 +130,14 @@ CHEAP = ["2^{10}", "10^{100}", "5!", "(3+4)!", "\\binom{10}{3}", "x^{2}", "2^{64
 
 
 def test_too_costly_flags_unbounded_answers_and_passes_real_ones():
-    from sage_jax.answer_cost import too_costly
+    from sage_jax.rewards.answer_cost import too_costly
     assert [a for a in COSTLY if not too_costly(a)] == []
     assert [a for a in CHEAP if too_costly(a)] == []
 
 
 def test_text_mode_is_guarded_like_boxed_mode():
     """The official reward parses the whole completion: hostile text there is rejected, not parsed."""
-    with R.VerifierPool(num_workers=2, timeout_s=2.0) as p:
+    with pool_lib.VerifierPool(num_workers=2, timeout_s=2.0) as p:
         hostile = [f"so the answer is ${a}$" for a in COSTLY]
         t0 = time.monotonic()
         got, stats = p.verify(hostile, ["3"] * len(hostile), mode="text")
@@ -193,26 +193,26 @@ def test_default_pool_interface():
                                timeout_s=5.0)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, [1.0, 0.0, 0.0])
-    assert R.default_pool() is R.default_pool()  # created once, reused
+    assert pool_lib.default_pool() is pool_lib.default_pool()  # created once, reused
     assert R.math_verify_reward([], []).shape == (0,)
 
 
 def test_last_boxed():
-    assert R.last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
-    assert R.last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
-    assert R.last_boxed("\\boxed{2} then \\boxed{3") == "2"  # unclosed last box
-    assert R.last_boxed("\\fbox{5}") == "5"
-    assert R.last_boxed("no box") is None
-    assert R.last_boxed("\\boxed{}") == ""  # an empty box is a box, with no answer in it
+    assert boxed.last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
+    assert boxed.last_boxed("\\boxed{\\{1,2\\}}") == "\\{1,2\\}"
+    assert boxed.last_boxed("\\boxed{2} then \\boxed{3") == "2"  # unclosed last box
+    assert boxed.last_boxed("\\fbox{5}") == "5"
+    assert boxed.last_boxed("no box") is None
+    assert boxed.last_boxed("\\boxed{}") == ""  # an empty box is a box, with no answer in it
 
 
 def test_one_answer_reader_for_rewards_and_eval():
     """The verifier, the exact-match reward and the eval's majority vote read the same final answer,
     including the TeX short form and an escaped backslash before a brace."""
-    from sage_jax.eval_metrics import extract_boxed_answer
+    from sage_jax.rewards.boxed import extract_boxed_answer
 
     texts = ["so $\\boxed 7$", "\\boxed{a\\\\{b}}", "\\boxed{ x  +  1 }", "\\boxedx{3}", "\\boxed{3} \\boxed{"]
-    assert [R.last_boxed(t) for t in texts] == ["7", "a\\\\{b}", "x  +  1", None, "3"]
+    assert [boxed.last_boxed(t) for t in texts] == ["7", "a\\\\{b}", "x  +  1", None, "3"]
     assert [extract_boxed_answer(t) for t in texts] == ["7", "a\\\\{b}", "x + 1", None, "3"]
     np.testing.assert_array_equal(R.exact_match_reward(texts, ["7", "a\\\\{b}", "x+1", "3", "3"]), [1, 1, 1, 0, 1])
 
@@ -254,7 +254,7 @@ def test_workers_do_not_rerun_the_main_script(tmp_path):
     script = tmp_path / "train_without_main_guard.py"
     script.write_text(
         "print('MAIN STARTED', flush=True)\n"
-        "from sage_jax.rewards import VerifierPool\n"
+        "from sage_jax.rewards.verifiers import VerifierPool\n"
         "p = VerifierPool(num_workers=2, timeout_s=5.0)\n"
         "print('REWARDS', p.verify(['\\\\boxed{2}', '\\\\boxed{3}'], ['2', '2'])[0].tolist())\n"
         "p.close()\n"
@@ -272,7 +272,7 @@ def test_a_crashed_worker_fails_its_sample_closed_and_is_replaced():
     import signal
     import threading
 
-    with R.VerifierPool(num_workers=1, timeout_s=30.0) as p:
+    with pool_lib.VerifierPool(num_workers=1, timeout_s=30.0) as p:
         p.verify(["\\boxed{1}"], ["1"])
         out = {}
         t = threading.Thread(target=lambda: out.update(

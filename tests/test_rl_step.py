@@ -6,12 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from rl_fixtures import batch, count_ones, setup
-from sage_jax import guides, losses
-from sage_jax import rl_step as R
-from sage_jax.logprobs import grouped_logp_entropy
 from flax import nnx
+from rl_fixtures import batch, count_ones, setup
+
+from sage_jax.rl import guide_configs, losses, step as R
+from sage_jax.rl.logprobs import grouped_logp_entropy
+from sage_jax.sampling import SamplingConfig
 
 
 def _leaves_close(a, b, atol):
@@ -52,9 +52,10 @@ def test_beta_zero_compiles_no_reference_forward():
     assert len(jax.tree.leaves(s1)) > len(jax.tree.leaves(s0))
 
     def dots(cfg, g, s):
-        from sage_jax.optim import OptimConfig, make_optimizer
-        from sage_jax.reward_host import HostReward
         from rl_fixtures import TOK
+
+        from sage_jax.rewards.host import HostReward
+        from sage_jax.rl.optim import OptimConfig, make_optimizer
         tx, lr = make_optimizer(OptimConfig(learning_rate=1e-3))
         fn = lambda st, bt: R.rl_step(st, bt, graphdef=g, cfg=cfg, tx=tx, lr_fn=lr,
                                       reward_host=HostReward(TOK, count_ones))
@@ -72,7 +73,7 @@ def test_guide_none_equals_branch_with_zero_ratio():
     # q == 1 either way, so the two programs must give the same update (GRPO with KL).
     b = batch()
     _, _, sa, step_a = setup(guide="none")
-    _, _, sb, step_b = setup(guide="branch", guide_cfg=guides.BranchConfig(ratio=0.0))
+    _, _, sb, step_b = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(ratio=0.0))
     sa, ma = step_a(sa, b)
     sb, mb = step_b(sb, b)
     _leaves_close(sa.params, sb.params, 1e-7)
@@ -84,7 +85,7 @@ def test_branch_guide_raises_kl_at_step_zero():
     # At step 0 the policy equals the reference; q > 1 moves the anchor, so k3 > 0 exactly where q != 1.
     b = batch()
     _, _, s_none, st_none = setup(guide="none")
-    _, _, s_br, st_br = setup(guide="branch", guide_cfg=guides.BranchConfig(threshold=0.0))
+    _, _, s_br, st_br = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(threshold=0.0))
     _, m_none = st_none(s_none, b)
     _, m_br = st_br(s_br, b)
     assert float(m_none["train/kl"]) == pytest.approx(0.0, abs=1e-6)
@@ -103,7 +104,7 @@ def test_forward_kl_is_zero_at_start_and_trains():
 
 def test_multi_update_uses_sampler_logp_as_old():
     _, _, state, step = setup(num_iterations=2, num_minibatches=2,
-                              sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=0.9))
+                              sampling=SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=0.9))
     state, m = step(state, batch())
     # The first update sees the sampling params: the sampler's log-probs must equal the trainer's.
     assert float(m["train/logp_diff_max"]) <= 1e-4
@@ -116,7 +117,7 @@ def test_multi_update_ratio_is_one_under_sampling_filters(filters):
     computes it: at lr 0 every update's ratio is exactly 1, whatever top-k / top-p / min-p kept. (With the
     sampler's filtered log-probs as `old`, the ratio is the kept mass, < 1, and negative-advantage tokens
     get clipped.) The sampler-vs-trainer numerics check compares unfiltered log-probs on both sides."""
-    _, _, state, step = setup(lr=0.0, num_minibatches=2, sampling=R.SamplingConfig(
+    _, _, state, step = setup(lr=0.0, num_minibatches=2, sampling=SamplingConfig(
         max_new_tokens=16, eos_ids=(2,), temperature=1.0, decode_segments=2, **filters))
     state, m = step(state, batch())
     assert float(m["train/ratio_mean"]) == pytest.approx(1.0, abs=1e-6)
@@ -128,7 +129,7 @@ def test_truncated_importance_weight_is_one_in_float32_under_min_p():
     """The sampler's log-prob the weight divides by is its pre-filter one: under min_p the weight stays 1 up to
     fp32 numerics (about 1e-5 per op, 1e-4 on a logit), never the kept mass (about 0.6-0.8 here)."""
     _, _, state, step = setup(lr=0.0, num_minibatches=2, loss=losses.LossConfig(beta=0.04, tis_cap=2.0),
-                              sampling=R.SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=1.0,
+                              sampling=SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=1.0,
                                                         min_p=0.3))
     state, m = step(state, batch())
     assert float(m["train/tis_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
@@ -213,7 +214,7 @@ GOLDEN = {"train/loss": 1.20565e-05, "train/kl": 0.000299723, "train/grad_norm":
 
 def test_golden_one_step(capsys):
     import os
-    _, _, state, step = setup(guide="branch", guide_cfg=guides.BranchConfig(threshold=4.5))
+    _, _, state, step = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(threshold=4.5))
     _, m = step(state, batch())
     got = {k: float(m[k]) for k in GOLDEN}
     if os.environ.get("GOLDEN_PRINT"):

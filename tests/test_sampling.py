@@ -5,10 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from hf_fixtures import make_hf_model
-from sage_jax import logprobs, sampling
+
+from sage_jax import sampling
 from sage_jax.models import hf
+from sage_jax.rl import logprobs
 
 
 @pytest.fixture(scope="module")

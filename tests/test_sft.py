@@ -7,7 +7,7 @@ from flax import nnx
 
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
-from sage_jax.sft import encode_sft, sft_lengths, sft_loss
+from sage_jax.train.sft import encode_sft, sft_lengths, sft_loss
 
 
 class CharTok:

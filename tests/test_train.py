@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from sage_jax.metric_writer import read_metrics
 from sage_jax.models.tiny import write_random_init
+from sage_jax.train.metric_writer import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "train_worker.py")

@@ -9,12 +9,10 @@ import sys
 
 import numpy as np
 import pytest
+from test_train import (ROOT, WORKER, _cmd, _env, _run,  # noqa: F401  (base, data_dir: the module-scoped fixtures)
+                        _steps_logged, _strip_perf, _wait_for, base, data_dir)
 
-from sage_jax.metric_writer import read_metrics
-
-from test_train import (  # noqa: F401  (base, data_dir: the module-scoped fixtures)
-    ROOT, WORKER, _cmd, _env, _run, _steps_logged, _strip_perf, _wait_for, base, data_dir,
-)
+from sage_jax.train.metric_writer import read_metrics
 
 LORA = ["--config.model.lora.rank=4", "--config.model.lora.alpha=8.0", "--config.model.lora.targets=q,v,up",
         "--config.optim.learning_rate=3e-3", "--config.ckpt.export_hf=True"]
@@ -133,8 +131,8 @@ def test_eval_mode_loads_the_lora_run_dir(lora_runs):
     import jax.numpy as jnp
     from flax import nnx
 
-    from sage_jax import eval_mode
     from sage_jax.models import hf, lora
+    from sage_jax.train import eval_mode
 
     a = lora_runs["a"]
     policy, tok_path = eval_mode.load_policy(a)

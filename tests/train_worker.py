@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from sage_jax import rewards
+from sage_jax.rewards import verifiers as rewards
 
 
 def _slow_exact_match(completions, answers):
@@ -21,7 +21,7 @@ rewards.register_reward("slow_exact_match", _slow_exact_match)
 def _crash_at(n: int) -> None:
     """CRASH_AT_BATCH=N: the data iterator raises when batch N is drawn (a crash mid-training, with an
     asynchronous checkpoint save possibly under way)."""
-    from sage_jax import train_data
+    from sage_jax.train import data as train_data
     make = train_data.prompt_iterator
 
     class Crashing:

@@ -33,19 +33,19 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
-
 from report import markdown, plot_scaling  # noqa: E402
 from reward import count_ones  # noqa: E402
-from sage_jax import guides, losses, optim  # noqa: E402
-from sage_jax import rl_step as R  # noqa: E402
-from sage_jax.advantages import group_advantages  # noqa: E402
-from sage_jax.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
+from trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
+
 from sage_jax.models import hf  # noqa: E402
 from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
-from sage_jax.reward_host import HostReward, encode_answers  # noqa: E402
+from sage_jax.rewards.host import HostReward, encode_answers  # noqa: E402
+from sage_jax.rl import guides  # noqa: E402
+from sage_jax.rl import losses, optim, state as rl_state, step as R  # noqa: E402
+from sage_jax.rl.advantages import group_advantages  # noqa: E402
+from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
 from sage_jax.sampling import SamplingConfig, generate, segment_lengths  # noqa: E402
-from trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
 
 SHAPES = {  # the two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
     "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, prompts=8, group=8, T=64),
@@ -119,7 +119,7 @@ class Setup:
         self.cfg = rl_config(T, G, guide, share_prompt)
         self.tx, self.lr_fn = optimizer()
         self.host = HostReward(self.tok, count_ones)
-        self.graphdef, self.state = R.init_train_state(model, self.cfg, self.tx, seed=0)
+        self.graphdef, self.state = rl_state.init_train_state(model, self.cfg, self.tx, seed=0)
         self.batch = make_batch(self.tok, n_prompts)
         self.step_fn = R.make_rl_step(self.graphdef, self.cfg, self.tx, self.lr_fn, self.host)
         self.T, self.G, self.N = T, G, n_prompts

@@ -55,8 +55,8 @@ def dump_prompts(seed: int, data_dir: str, path: Path) -> None:
     """This project's training prompts of `seed`, in the order its pipeline gives them (configs/tiny.py)."""
     import types
 
-    from sage_jax import train_data
     from sage_jax.models import hf
+    from sage_jax.train import data as train_data
     c = _config(seed, data_dir)
     s = types.SimpleNamespace(workdir=str(path.parent), tokenizer=hf.load_tokenizer(TINY_BASE))
     it = train_data.prompt_iterator(c, s, train_data.train_source(c, s, c.data.train_split), c.seed)

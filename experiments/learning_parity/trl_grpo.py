@@ -26,7 +26,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-from sage_jax.rewards import exact_match_reward  # noqa: E402  (numpy only: the same reward as the JAX side)
+from sage_jax.rewards.verifiers import exact_match_reward  # noqa: E402  (numpy only: the same reward as the JAX side)
 
 
 def main():

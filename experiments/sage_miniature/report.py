@@ -13,10 +13,9 @@ import os
 from pathlib import Path
 
 import numpy as np
+import stats
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-
-import stats
 from methods import BY_KEY, CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
 
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS (run.py rewrites this block) -->", "<!-- END GENERATED RESULTS -->"
@@ -40,8 +39,8 @@ def _r(x, d=6):
 # ------------------------------------------------------------------------------------------ build
 def summarize_evals(eval_files: dict[str, str], problem_ids: list[str], bench: str) -> dict:
     """Merge the per-model raw results and summarise them together (base = "base", paired bootstrap)."""
-    from sage_jax.evaluate import EvalSettings, Problem, load_results
-    from sage_jax.eval_summary import summarize
+    from sage_jax.eval.evaluate import EvalSettings, Problem, load_results
+    from sage_jax.eval.summary import summarize
     merged, settings = {"models": {}}, None
     for name, workdir in eval_files.items():
         res = load_results(workdir)
@@ -56,7 +55,7 @@ def summarize_evals(eval_files: dict[str, str], problem_ids: list[str], bench: s
 
 def _curves(run_dirs: dict[str, str], window: int) -> dict:
     """Per-seed training series and their seed mean / min / max, smoothed by a rolling mean of `window`."""
-    from sage_jax.metric_writer import read_metrics
+    from sage_jax.train.metric_writer import read_metrics
     out = {}
     for key, _ in CURVES:
         series = {}
@@ -146,7 +145,7 @@ def build_results(plan: dict, calibration: dict, eval_dirs: dict[str, str], run_
 
 
 def _read_rewards(run_dir: str) -> list[float]:
-    from sage_jax.metric_writer import read_metrics
+    from sage_jax.train.metric_writer import read_metrics
     return [float(r["reward/reward_mean"]) for r in read_metrics(run_dir) if "reward/reward_mean" in r]
 
 

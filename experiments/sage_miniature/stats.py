@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from sage_jax.eval_metrics import stable_seed
+from sage_jax.eval.metrics import stable_seed
 
 RESAMPLES = 2000
 LEVEL = 0.95

@@ -5,9 +5,9 @@ freed when it ends and a crash stays in its own log):
 
 - `calibrate`: samples the tiny base on validation problems (the last ones of the training split) and
   writes the per-token entropy distribution and the branch threshold chosen by the stated rule.
-- `train`: one RL run, `sage_jax.train.run(configs/tiny.py + overrides, workdir)` (resumes from its
+- `train`: one RL run, `sage_jax.train.loop.run(configs/tiny.py + overrides, workdir)` (resumes from its
   checkpoints when rerun).
-- `eval`: n samples per held-out problem from one policy via `sage_jax.evaluate.evaluate_models`
+- `eval`: n samples per held-out problem from one policy via `sage_jax.eval.evaluate.evaluate_models`
   (resumable per batch) with `strategy_fn=strategies.strategy_of`, so every sample's procedure is stored;
   raw per-sample results in `workdir/eval/results.json`.
 """
@@ -87,9 +87,10 @@ def stop_ids(tokenizer, path):
 def calibrate(spec: dict) -> dict:
     """Per-token entropy of the base's completions on the validation problems; threshold = quantile."""
     import jax
+    from flax import nnx
+
     from sage_jax.models import hf
     from sage_jax.sampling import SamplingConfig, left_pad, make_generate_fn
-    from flax import nnx
 
     c = tiny_config()  # the study's constants must match what every run trains and is evaluated with
     if (c.data.builder_config, c.rollout.max_new_tokens, c.rollout.temperature) != (
@@ -142,7 +143,7 @@ def calibrate(spec: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ train
 def train(spec: dict) -> dict:
-    from sage_jax import train as train_lib
+    from sage_jax.train import loop as train_lib
     c = apply_overrides(tiny_config(), spec["overrides"])
     t0 = time.time()
     summary = train_lib.run(c, spec["workdir"])
@@ -157,9 +158,9 @@ def train(spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------ eval
 def evaluate(spec: dict) -> dict:
     from sage_jax.data.strategies import strategy_of
-    from sage_jax.evaluate import EvalSettings, Problem, evaluate_models
+    from sage_jax.eval.evaluate import EvalSettings, Problem, evaluate_models
     from sage_jax.models import hf
-    from sage_jax.rewards import make_reward_fn
+    from sage_jax.rewards.verifiers import make_reward_fn
     from sage_jax.sampling import SamplingConfig, TextSampler
 
     path = spec["model_path"]

@@ -25,9 +25,8 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from sage_jax.data import procedural
-from sage_jax.data.sources import (
-    SPECS, DataConfigError, SourceSpec, iter_records, missing_message, resolve_files,
-)
+from sage_jax.data.files import missing_message, resolve_files
+from sage_jax.data.sources import SPECS, DataConfigError, SourceSpec, iter_records
 
 VERSION = tfds.core.Version("1.0.0")
 

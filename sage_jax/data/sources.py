@@ -20,12 +20,13 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
+
+from sage_jax.rewards.boxed import last_boxed  # the same brace matcher as the verifier
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +92,6 @@ def _require(value: Any, field: str, row: dict) -> Any:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise KeyError(f"missing or empty field {field!r} (row has {sorted(row)})")
     return value
-
-
-def _last_boxed(text: str) -> str | None:
-    from sage_jax.boxed import last_boxed  # the same brace matcher as the verifier
-
-    return last_boxed(text)
 
 
 # ----------------------------------------------------------------------------- per dataset
@@ -168,7 +163,7 @@ def _generic(row: dict, n: int) -> dict:
     solution = str(_get(row, "solution", default="") or "")
     answer = _get(row, "answer", "final_answer", "gold", "ground_truth", "target")
     if (answer is None or answer_text(answer) == "") and solution:
-        answer = _last_boxed(solution)  # Minerva-style rows keep the answer in the solution
+        answer = last_boxed(solution)  # Minerva-style rows keep the answer in the solution
     answer = _require(answer_text(answer) if answer is not None else None, "answer", row)
     level = _get(row, "level", default=0)
     if isinstance(level, str):
@@ -280,89 +275,6 @@ def records_from_file(spec: SourceSpec, path: Path) -> Iterator[dict]:
         if rec is not None:
             rec["source"] = spec.name
         yield rec
-
-
-# ----------------------------------------------------------------------------- locating files
-
-
-def manual_subdir(spec: SourceSpec, manual_dir: str | os.PathLike) -> Path:
-    return Path(manual_dir).expanduser() / spec.name
-
-
-def find_local_files(spec: SourceSpec, manual_dir: str | os.PathLike | None) -> list[Path]:
-    """The release files in `<manual_dir>/<name>/`, as the hub lays them out (`en/train-....parquet`) or by
-    base name, else any parquet/jsonl/json file there."""
-    if manual_dir is None:
-        return []
-    d = manual_subdir(spec, manual_dir)
-    named = [p for f in spec.hub_files for p in (d / f, d / Path(f).name) if p.is_file()][:len(spec.hub_files)]
-    if named:
-        return named
-    if not d.is_dir():
-        return []
-    return sorted(p for p in d.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
-
-
-def missing_message(spec: SourceSpec, manual_dir: str | os.PathLike | None, why: str = "") -> str:
-    d = manual_subdir(spec, manual_dir or "~/tensorflow_datasets/downloads/manual")
-    wanted = ", ".join(str(d / Path(f).name) for f in spec.hub_files)
-    urls = ", ".join(spec.urls())
-    return (
-        f"{spec.name}: data file not found. Place {wanted} (download it from {urls}; "
-        f"fields: {spec.fields}), or any .parquet/.jsonl/.json file with those fields in {d}/"
-        + (f". Hub download was not possible: {why}" if why else "")
-    )
-
-
-def offline() -> bool:
-    return any(os.environ.get(k, "") not in ("", "0", "false", "False")
-               for k in ("HF_HUB_OFFLINE", "SAGE_JAX_OFFLINE"))
-
-
-def fetch_from_hub(spec: SourceSpec, download_dir: str | os.PathLike) -> list[Path]:
-    """Download the release files from the Hugging Face hub, or `spec.url_base` (raises on any failure)."""
-    if spec.url_base:
-        import urllib.request
-
-        d = manual_subdir(spec, download_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        out = []
-        for url, f in zip(spec.urls(), spec.hub_files):
-            dest = d / Path(f).name
-            part = dest.with_name(dest.name + ".part")  # a broken download is never taken for the file
-            urllib.request.urlretrieve(url, part)
-            os.replace(part, dest)
-            out.append(dest)
-        return out
-    from huggingface_hub import hf_hub_download
-
-    out = []
-    for f in spec.hub_files:
-        p = hf_hub_download(spec.hub_repo, f, repo_type="dataset",
-                            local_dir=str(Path(download_dir) / spec.name))
-        out.append(Path(p))
-    return out
-
-
-def resolve_files(
-    spec: SourceSpec,
-    manual_dir: str | os.PathLike | None,
-    download_dir: str | os.PathLike | None,
-    allow_hub: bool = True,
-) -> list[Path]:
-    """Local files first, then the hub; otherwise a `ManualFileMissingError` saying what to do."""
-    files = find_local_files(spec, manual_dir)
-    if files:
-        return files
-    why = "offline (HF_HUB_OFFLINE / SAGE_JAX_OFFLINE set)" if offline() else ""
-    if allow_hub and not offline() and download_dir is not None:
-        try:
-            return fetch_from_hub(spec, download_dir)
-        except Exception as e:  # noqa: BLE001  (no network, no auth, renamed file, ...)
-            why = f"{type(e).__name__}: {e}"
-    elif not allow_hub:
-        why = why or "hub downloads disabled"
-    raise ManualFileMissingError(missing_message(spec, manual_dir, why))
 
 
 def iter_records(spec: SourceSpec, files: list[Path]) -> Iterator[tuple[str, dict]]:

@@ -329,7 +329,7 @@ class Decoder(nnx.Module):
         cos, sin = rope_cos_sin(self.cfg, positions_BxT)
         new_cache = [] if cache is not None else None
         # One-token decode steps never remat (no backward pass); a multi-token chunk over a cache may be
-        # trained through (the prompt-shared scoring in sage_jax.logprobs), so it remats like a cache-free call.
+        # trained through (the prompt-shared scoring in sage_jax.rl.logprobs), so it remats like a cache-free call.
         call = _block_call(self.remat if cache is None or tokens_BxT.shape[1] > 1 else "none")
         for i, layer in enumerate(self.layers):
             x, c = call(layer, x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)

@@ -1,5 +1,5 @@
 """Per-sequence normalisation of a token signal to w in [0, 1] (the token guide's `norm`; the math is in
-`sage_jax/guides.py`'s docstring): minmax between robust percentiles, tie-averaged rank, or a z-score
+`sage_jax/rl/guides.py`'s docstring): minmax between robust percentiles, tie-averaged rank, or a z-score
 squashed by a sigmoid, each over the real tokens of a row only.
 """
 

@@ -53,7 +53,7 @@ def check_sft_lengths(c, s, source, split: str, chunk: int = 1024):
     (the official SFT keeps rows up to max_seq_len / 2 tokens) and their count logged."""
     from sage_jax.data.sources import decode_record
     from sage_jax.data.templates import make_template_fn
-    from sage_jax.sft import sft_lengths
+    from sage_jax.train.sft import sft_lengths
     fmt = make_template_fn(c.data.template, s.tokenizer, c.data.system_prompt)
     limit, keep = c.data.max_sft_tokens, []
     for start in range(0, len(source), chunk):

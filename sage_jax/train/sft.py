@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sage_jax.logprobs import token_logp_entropy
 from sage_jax.models.decoder import positions_from_mask
-from sage_jax.rl_step import merge_policy
+from sage_jax.rl.logprobs import token_logp_entropy
+from sage_jax.rl.state import merge_policy
 
 
 def sft_lengths(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:

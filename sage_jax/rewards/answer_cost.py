@@ -1,7 +1,7 @@
 """The cost guard of the verifier: answers whose parsing could make sympy compute without bound.
 
 `too_costly(text)` is a pure string test, run in the verifier workers before math-verify parses a prediction
-(sage_jax.verifier_pool); tests/test_rewards.py holds the cases it must flag and the real answers it must pass.
+(sage_jax.rewards.pool); tests/test_rewards.py holds the cases it must flag and the real answers it must pass.
 """
 
 from __future__ import annotations

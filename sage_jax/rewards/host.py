@@ -62,7 +62,7 @@ class HostReward:
         """(rewards_B, failed_B): failed is 0 where the reward is a verdict, else a `rewards.FAIL_*` code
         (the reward function raised or gave NaN / inf: 1; verifier timeout: 2; gold unparsable: 3; verifier
         error: 4); a failed sample scores 0, is counted in the step's metrics and named in the log."""
-        from sage_jax.rewards import FAIL_NAMES, FAIL_RAISED
+        from sage_jax.rewards.verifiers import FAIL_NAMES, FAIL_RAISED
         comps, golds = self.texts(tokens_BxT, mask_BxT, answers_BxA)
         B = len(comps)
         failed = np.zeros(B, np.int32)

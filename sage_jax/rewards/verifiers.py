@@ -1,4 +1,4 @@
-"""Host-side verifiable rewards: math-verify (in a process pool, `sage_jax.verifier_pool`), format and
+"""Host-side verifiable rewards: math-verify (in a process pool, `sage_jax.rewards.pool`), format and
 exact-match rewards, and the registry a config's `rl.reward` spec names.
 
 `math_verify_reward(completions, answers)` is the verifier the RL step calls (through
@@ -14,18 +14,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from sage_jax.boxed import last_boxed, to_text  # noqa: F401  (re-exported)
-from sage_jax.verifier_pool import (  # noqa: F401  (re-exported)
-    DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, RewardStats, VerifierPool, as_batch,
-    default_num_workers, default_pool,
-)
+from sage_jax.rewards.boxed import last_boxed, to_text
+from sage_jax.rewards.pool import RewardStats, VerifierPool, as_batch, default_pool
+from sage_jax.rewards.worker import DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS
 
 logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- math-verify
 # Defined here, not in verifier_pool: an evaluation records its verifier by qualified name
-# (`sage_jax.rewards.math_verify_reward`) and refuses to resume under another one.
+# (`sage_jax.rewards.verifiers.math_verify_reward`) and refuses to resume under another one.
 
 
 def math_verify_reward_with_stats(

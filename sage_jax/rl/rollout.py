@@ -20,10 +20,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sage_jax import dapo
 from sage_jax import sharding as shd
-from sage_jax.advantages import group_advantages, pass_at_k_advantages
-from sage_jax.reward_host import HostReward, host_rewards
+from sage_jax.rewards.host import HostReward, host_rewards
+from sage_jax.rl import dapo
+from sage_jax.rl.advantages import group_advantages, pass_at_k_advantages
 from sage_jax.sampling import generate
 
 Array = jax.Array

@@ -1,7 +1,7 @@
 """Metrics of stored evaluation results: per-problem columns, benchmark means, macro average.
 
-Pure functions over the `results.json` dict (see `sage_jax.evaluate`); the numbers are defined
-in `sage_jax.eval_metrics`. Dimension key: `P` problems, `K` values of k, `B` bootstrap
+Pure functions over the `results.json` dict (see `sage_jax.eval.evaluate`); the numbers are defined
+in `sage_jax.eval.metrics`. Dimension key: `P` problems, `K` values of k, `B` bootstrap
 resamples, `M` metrics.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from sage_jax import eval_metrics as em
+from sage_jax.eval import metrics as em
 
 # `settings` is an `evaluate.EvalSettings` and the benchmarks map to `evaluate.Problem`s; evaluate imports this
 # module, so they are named here and typed by what is read (`.ks`, `.id`), not imported (no import circle).

@@ -14,12 +14,15 @@ for them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from sage_jax import config_lib
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +129,23 @@ class Checkpointer:
             self.manager.wait_until_finished()
         finally:
             self.manager.close()
+
+
+def base_pointer(c) -> dict:
+    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
+    (and their optimizer state), so it names the base they were trained on."""
+    lora_cfg = config_lib.lora_config(c)
+    if lora_cfg is None:
+        return {}
+    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
+
+
+def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
+    saved = {k: meta.get(k) for k in ("base_model", "lora")}
+    saved["lora"] = saved["lora"] and {**saved["lora"], "targets": tuple(saved["lora"]["targets"])}
+    want = {k: base.get(k) for k in ("base_model", "lora")}
+    if saved != want:
+        raise config_lib.ConfigValidationError(
+            f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
+            f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
+            f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")

@@ -32,7 +32,7 @@ def _save(fig: Figure, path: str | os.PathLike) -> str:
 # ------------------------------------------------------------------------------------------ training
 def read_curves(workdir: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """{metric: (steps, values)} of every numeric metric in `workdir/metrics.jsonl`."""
-    from sage_jax.metric_writer import read_metrics
+    from sage_jax.train.metric_writer import read_metrics
     series: dict[str, list[tuple[int, float]]] = {}
     for row in read_metrics(workdir):
         for k, v in row.items():
@@ -146,9 +146,9 @@ def token_signals(policy, reference, tokenizer, prompts: Sequence[str], *, max_n
     import jax.numpy as jnp
     from flax import nnx
 
-    from sage_jax import guides as G
-    from sage_jax.logprobs import sequence_logp_entropy
-    from sage_jax.losses import per_token_kl
+    from sage_jax.rl import guides as G
+    from sage_jax.rl.logprobs import sequence_logp_entropy
+    from sage_jax.rl.losses import per_token_kl
     from sage_jax.sampling import SamplingConfig, left_pad, make_generate_fn
 
     guides = dict(guides if guides is not None else {"branch": None, "token": None, "random": None})

@@ -20,14 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sage_jax import config_lib, optim, sharding, train_data
-from sage_jax.checkpoint import Checkpointer
-from sage_jax.metric_writer import MetricWriter
-from sage_jax.models import hf
-from sage_jax.models import lora as lora_lib
-from sage_jax.reward_host import HostReward, encode_answers
-from sage_jax.rl_step import TrainState, init_train_state_sharded, make_rl_step, policy_model, policy_state
+from sage_jax import config_lib, sharding
+from sage_jax.models import hf, lora as lora_lib
+from sage_jax.rewards.host import HostReward, encode_answers
+from sage_jax.rl import optim
+from sage_jax.rl.state import TrainState, init_train_state_sharded, policy_model, policy_state
+from sage_jax.rl.step import make_rl_step
 from sage_jax.sampling import SamplingConfig, TextSampler, left_pad
+from sage_jax.train import data as train_data
+from sage_jax.train.checkpoint import Checkpointer, base_pointer, check_base_pointer
+from sage_jax.train.metric_writer import MetricWriter
 
 log = logging.getLogger(__name__)
 
@@ -76,14 +78,11 @@ class TrainingEval:
     """
 
     def __init__(self, c, s: Setup, graphdef):
-        from sage_jax.evaluate import EvalSettings
-        from sage_jax.eval_mode import benchmarks_from_config, strategy_fn_for
+        from sage_jax.eval.benchmarks import benchmarks_from_config, settings_from_config, strategy_fn_for
         self.c, self.s, self.graphdef = c, s, graphdef
         self.benchmarks = benchmarks_from_config(c, s.workdir, s.tokenizer)
         self.strategy_fn = strategy_fn_for(self.benchmarks)
-        self.settings = EvalSettings(n=c.eval.n, temperature=c.eval.temperature, top_p=c.eval.top_p,
-                                     max_tokens=c.eval.max_new_tokens, seed=c.seed,
-                                     problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
+        self.settings = settings_from_config(c)
         self._sampler: TextSampler | None = None
 
     def _generator(self, state: TrainState) -> TextSampler:
@@ -97,13 +96,13 @@ class TrainingEval:
         return self._sampler
 
     def evaluated_steps(self) -> list[int]:
-        from sage_jax.evaluate import load_results
+        from sage_jax.eval.evaluate import load_results
         results = load_results(self.s.workdir) or {"models": {}}
         return sorted(int(m[len("step_"):]) for m in results["models"] if m.startswith("step_"))
 
     def forget_after(self, step: int) -> None:
         """Drops the stored evaluations of steps after `step` (policies of a history that restarts)."""
-        from sage_jax.evaluate import load_results, save_results
+        from sage_jax.eval.evaluate import load_results, save_results
         results = load_results(self.s.workdir)
         if results is None or jax.process_index() != 0:
             return
@@ -117,7 +116,7 @@ class TrainingEval:
 
     def __call__(self, step: int, state: TrainState) -> dict[str, Any]:
         """Evaluates (or finishes evaluating) step `step`; returns the summary of every evaluated step."""
-        from sage_jax.evaluate import evaluate_models
+        from sage_jax.eval.evaluate import evaluate_models
 
         def stored(_settings):  # a step evaluated earlier is complete, so this is never called
             raise RuntimeError("an earlier step's evaluation is incomplete; evaluate into a fresh workdir")
@@ -167,7 +166,7 @@ def build_setup(c, workdir: str) -> Setup:
     tokenizer = hf.load_tokenizer(c.model.path)
     from sage_jax.models.config import ModelConfig
     model_cfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(c.model.path))
-    from sage_jax.rewards import make_reward_fn
+    from sage_jax.rewards.verifiers import make_reward_fn
     if len(tokenizer) > model_cfg.vocab_size:
         raise config_lib.ConfigValidationError(
             f"model.path={c.model.path}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
@@ -209,7 +208,7 @@ def run(c, workdir: str) -> dict[str, Any]:
         graphdef, state = init_train_state_sharded(model, rl_cfg, tx, c.seed, s.mesh)
         step_fn = make_rl_step(graphdef, rl_cfg, tx, lr_fn, HostReward(s.tokenizer, s.reward_fn), s.mesh)
     else:
-        from sage_jax.sft import make_sft_step
+        from sage_jax.train.sft import make_sft_step
         graphdef, params, frozen = lora_lib.split_trainable(model)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                            rng=jax.random.key(c.seed), frozen_params=frozen)
@@ -222,8 +221,8 @@ def run(c, workdir: str) -> dict[str, Any]:
                           wandb_cfg={"project": c.logging.wandb_project, "config": c.to_dict()} if c.logging.wandb else None)
     if ckpt.all_steps():
         check_resume_config(workdir, c)
-    base = config_lib.base_pointer(c)
-    restored = ckpt.restore_latest(state, check_meta=lambda m: config_lib.check_base_pointer(m, base, ckpt.directory))
+    base = base_pointer(c)
+    restored = ckpt.restore_latest(state, check_meta=lambda m: check_base_pointer(m, base, ckpt.directory))
     # What `mode=eval` needs to rebuild this run's model from its checkpoints; written only once the
     # checkpoints are known to belong to this config (a refused resume leaves the run dir as it was).
     if is_main:
@@ -261,7 +260,7 @@ def run(c, workdir: str) -> dict[str, Any]:
             p, m = encode_prompts(s, raw["prompt"], c.data.max_prompt_tokens)
             a = encode_answers(s.tokenizer, raw["answer"], c.data.max_answer_tokens)
             return {"prompt": _global(s.mesh, p), "prompt_mask": _global(s.mesh, m), "answer": _global(s.mesh, a)}
-        from sage_jax.sft import encode_sft
+        from sage_jax.train.sft import encode_sft
         b = encode_sft(s.tokenizer, raw["prompt"], raw["solution"], s.eos_ids[0] if s.eos_ids else s.pad_id,
                        c.data.max_sft_tokens, s.pad_id, loss_on=c.data.sft_loss_on)
         return {k: _global(s.mesh, v) for k, v in b.items()}
@@ -316,7 +315,7 @@ def run(c, workdir: str) -> dict[str, Any]:
         if step in steps and step > 0:
             summary["after"] = eval_metrics(summary["eval"], step)
     if is_main and c.mode == "rl" and not pre.requested:
-        from sage_jax import eval_report
+        from sage_jax.eval import report as eval_report
         summary["plot"] = os.path.join(workdir, eval_report.RUN_PLOT)
         eval_report.plot_run(writer.rows(), summary.get("eval"), summary["plot"])
     ckpt.close()

@@ -24,8 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from sage_jax.boxed import extract_boxed_answer, normalize_whitespace  # noqa: F401  (re-exported)
-
 # Bound on the size of the temporary [rows, c_max] matrix in `pass_at_k` (float64 elements).
 _MAX_CHUNK_ELEMS = 1 << 22
 
