@@ -65,14 +65,17 @@ if IN_COLAB and not SMOKE:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-r", f"{CLONE}/requirements.txt",
                         f"jax[cuda12]=={JAX_VERSION}"], check=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", CLONE], check=True)
-    sys.path[:0] = [CLONE, f"{CLONE}/notebooks"]  # the package, and the notebooks' helpers beside them
+    sys.path.insert(0, CLONE)
 else:  # a local checkout: look for sage_jax/ in the working directory and its parents
     d = os.path.abspath(os.getcwd())
     while d != os.path.dirname(d) and not os.path.isfile(os.path.join(d, "sage_jax", "__init__.py")):
         d = os.path.dirname(d)
     if os.path.isfile(os.path.join(d, "sage_jax", "__init__.py")) and d not in sys.path:
-        sys.path[:0] = [d, os.path.join(d, "notebooks")]
+        sys.path.insert(0, d)
 import sage_jax  # noqa: E402  (if this fails: pip install -e the checkout, or run from inside it)
+
+# the notebooks' helpers (gpu_estimates, notebook_utils) live beside the notebooks, outside the package
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sage_jax.__file__))), "notebooks"))
 
 print("sage_jax from", os.path.dirname(sage_jax.__file__))"""
 

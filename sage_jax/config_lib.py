@@ -239,25 +239,12 @@ def loss_config(c) -> losses.LossConfig:
                                  entropy_top_frac=r.entropy_top_frac, sage_form=c.sage.form,
                                  max_completion_length=c.rollout.max_new_tokens)
     except ValueError as e:
-        raise ConfigValidationError(f"rl: {e}") from None
+        raise ConfigValidationError(str(e)) from None
 
 
 def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
-    if c.rl.beta == 0 and c.sage.guide != "none":
-        raise ConfigValidationError(
-            f"sage.guide={c.sage.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does not exist "
-            "without a KL term; set sage.guide='none' or rl.beta > 0")
-    if c.rl.kl_mode == "forward" and c.sage.guide != "none":
-        raise ConfigValidationError(
-            f"sage.guide={c.sage.guide!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref itself and a "
-            "guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
-    if c.rollout.group_size < 2:
-        raise ConfigValidationError(f"rollout.group_size={c.rollout.group_size}: group advantages need >= 2")
-    if c.rl.score_chunks < 1 or c.data.batch_size % c.rl.score_chunks:
-        raise ConfigValidationError(f"rl.score_chunks={c.rl.score_chunks} must be >= 1 and divide data.batch_size="
-                                    f"{c.data.batch_size} (chunks of whole prompt groups)")
-    if c.rl.scale_rewards not in ("group", "batch", "none"):
-        raise ConfigValidationError(f"rl.scale_rewards={c.rl.scale_rewards!r} is not one of group, batch, none")
+    """The step's static config; its rules live in `RLConfig` (and `check_batch` for the batch shape), which
+    names the config field of each, and a failure here is a config error."""
     try:
         return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c, eos_ids, pad_id, stop, validating),
                         loss=loss_config(c), guide=c.sage.guide, guide_cfg=guide_config(c),
@@ -271,7 +258,7 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
                         overlong_buffer=c.rl.overlong_buffer, overlong_penalty=c.rl.overlong_penalty,
                         overlong_filter=c.rl.overlong_filter)
     except ValueError as e:
-        raise ConfigValidationError(f"rl: {e}") from None
+        raise ConfigValidationError(str(e)) from None
 
 
 def optim_config(c) -> OptimConfig:
@@ -355,7 +342,10 @@ def validate(c, num_devices: int | None = None) -> None:
             raise ConfigValidationError(f"{field}: unknown dataset {name!r}; known: {sorted(BUILDERS)}")
     validate_eval(c)
     if c.mode == "rl":
-        rl_config(c, validating=True)
+        try:
+            rl_config(c, validating=True).check_batch(c.data.batch_size * c.rl.dynamic_sampling)
+        except ValueError as e:
+            raise ConfigValidationError(str(e)) from None
     optim_config(c)
     shape = tuple(c.mesh.shape)
     if len(shape) != 3 or shape.count(-1) > 1:
@@ -377,9 +367,3 @@ def validate(c, num_devices: int | None = None) -> None:
         if c.eval.batch_size % batch_shards:
             raise ConfigValidationError(f"eval.batch_size={c.eval.batch_size} sampler rows are not divisible by the "
                                         f"{batch_shards} batch shards of mesh.shape={shape}")
-        if c.mode == "rl" and rows % c.rl.num_minibatches:
-            raise ConfigValidationError(f"{rows} rows not divisible by rl.num_minibatches={c.rl.num_minibatches}")
-        accum = c.rl.get("grad_accum_steps", 1)
-        if c.mode == "rl" and (rows // c.rl.num_minibatches) % accum:
-            raise ConfigValidationError(f"{rows // c.rl.num_minibatches} rows per minibatch not divisible by "
-                                        f"rl.grad_accum_steps={accum}")

@@ -2,7 +2,7 @@
 
 One program runs on every host (TPU pod workers, GPU nodes, or local processes in tests). Each host
 owns the devices attached to it; a global array's rows split over (data, fsdp) live on the hosts
-that own those devices, so each host loads only its rows (`host_rows`, `global_batch`) and the reward
+that own those devices, so each host loads only its rows (`global_batch`) and the reward
 callback inside the step runs on each host for its own shards (`reward_host.host_rewards`).
 Checkpoints are written by all hosts together (Orbax); metrics by process 0 (`is_main_process`).
 
@@ -71,27 +71,9 @@ def maybe_initialize(coordinator_address: str | None = None, num_processes: int 
     return True
 
 
-def host_rows(global_rows: int, mesh, what: str = "prompts per step") -> tuple[int, int]:
-    """[start, stop) of the batch rows whose shards live on this host's devices (contiguous)."""
-    sh = shd.sharding_for((global_rows,), ("batch",), mesh)
-    if jax.process_count() > 1 and sh.spec == jax.sharding.PartitionSpec():
-        raise ValueError(f"{what}={global_rows} does not split over the mesh's batch axes "
-                         f"(data x fsdp = {shd.batch_size_of(mesh)}): every host would load every row")
-    idx = sorted({(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop)
-                  for s in sh.addressable_devices_indices_map((global_rows,)).values()})
-    start, stop = idx[0][0], idx[-1][1]
-    covered = sum(b - a for a, b in idx)
-    if covered != stop - start:
-        raise ValueError(f"this host's rows are not contiguous ({idx}); build the mesh with sharding.make_mesh")
-    return start, stop
-
-
-def global_batch(local: dict[str, np.ndarray], mesh, global_rows: int) -> dict[str, jax.Array]:
-    """Global arrays from each host's own rows (`host_rows`): row-sharded over (data, fsdp)."""
-    out = {}
-    for k, v in local.items():
-        v = np.asarray(v)
-        shape = (global_rows,) + v.shape[1:]
-        sh = shd.sharding_for(shape, ("batch",) + (None,) * (v.ndim - 1), mesh)
-        out[k] = jax.make_array_from_process_local_data(sh, v, shape)
-    return out
+def global_batch(local: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+    """Global arrays from each host's own rows, row-sharded over (data, fsdp). A host's rows are its
+    process-contiguous share (`sharding.make_mesh` keeps each host's devices together; the data pipeline
+    gives process p the p-th share)."""
+    return {k: jax.make_array_from_process_local_data(shd.batch_sharding(mesh, np.ndim(v)), np.asarray(v))
+            for k, v in local.items()}

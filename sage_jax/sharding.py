@@ -101,18 +101,6 @@ def as_auto(mesh: Mesh) -> Mesh:
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
 
 
-def mesh_from_config(mesh_cfg, devices=None) -> Mesh:
-    """`config.mesh` (a ConfigDict / dict with `shape`, or a bare 3-sequence) -> Mesh."""
-    if isinstance(mesh_cfg, (list, tuple)):
-        shape = mesh_cfg
-    else:
-        get = mesh_cfg.get if hasattr(mesh_cfg, "get") else lambda k, d=None: getattr(mesh_cfg, k, d)
-        shape = get("shape", None)
-        if shape is None:
-            shape = (get("data", 1), get("fsdp", -1), get("tensor", 1))
-    return make_mesh(tuple(shape), devices)
-
-
 def batch_size_of(mesh: Mesh) -> int:
     """Number of batch shards: the product of the (data, fsdp) axis sizes."""
     return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
@@ -199,11 +187,6 @@ def born_sharded(init_fn: Callable[[], Any], mesh: Mesh, rules=None):
     abstract result, and each device materialises only its own shards (never the whole model)."""
     abstract = jax.eval_shape(init_fn)
     return jax.jit(init_fn, out_shardings=state_shardings(abstract, mesh, rules))()
-
-
-def shard_state(state: Any, mesh: Mesh, rules=None):
-    """Moves an existing (e.g. single-device) state into the rules' shardings."""
-    return jax.device_put(state, state_shardings(state, mesh, rules))
 
 
 # ------------------------------------------------------------------------------------------ activations

@@ -50,8 +50,9 @@ def main():
 
     full = {k: np.asarray(v) for k, v in F.batch().items()}  # stands in for this host's data loader
     n = full["prompt"].shape[0]
-    lo, hi = distributed.host_rows(n, mesh)
-    batch = distributed.global_batch({k: v[lo:hi] for k, v in full.items()}, mesh, n)
+    share = n // jax.process_count()  # this host's rows: its process-contiguous share, as the data pipeline gives
+    lo, hi = jax.process_index() * share, (jax.process_index() + 1) * share
+    batch = distributed.global_batch({k: v[lo:hi] for k, v in full.items()}, mesh)
     step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(F.TOK, reward), mesh=mesh)
     sq = jax.jit(lambda p: sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(p)),
                  out_shardings=shd.replicated(mesh))

@@ -95,7 +95,7 @@ def run(mesh_shape, out_dir, report, use_lora=False):
     name = ("lora_" if use_lora else "") + ("ref" if mesh_shape is None else "x".join(map(str, mesh_shape)))
     mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
     if mesh is not None:
-        state = shd.shard_state(state, mesh)
+        state = jax.device_put(state, shd.state_shardings(state, mesh))  # into the rules' shardings
     b = F.batch()
     toks, tmask = rollout_tokens(graphdef, state, cfg, b, mesh)
     step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(F.TOK, F.count_ones), mesh=mesh)

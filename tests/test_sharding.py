@@ -174,14 +174,14 @@ def test_mesh_shape_resolution_and_errors():
         shd.resolve_shape((2, 2, 1), 8)
 
 
-def test_mesh_is_auto_and_from_config():
+def test_mesh_is_auto_and_takes_the_remaining_devices():
     import jax
     from jax.sharding import AxisType
     from sage_jax import sharding as shd
-    m = shd.mesh_from_config({"shape": (1, -1, 1)})
+    m = shd.make_mesh((1, -1, 1))  # config.mesh.shape, as the loop builds it
     assert m.axis_names == shd.MESH_AXES and m.devices.size == jax.device_count()
     assert tuple(m.axis_types) == (AxisType.Auto,) * 3
-    assert shd.mesh_from_config([-1, 1, 1]).shape["data"] == jax.device_count()
+    assert shd.make_mesh((-1, 1, 1)).shape["data"] == jax.device_count()
 
 
 def test_rows_error_names_the_fields():

@@ -238,11 +238,11 @@ def _pending(entry: dict | None, problems: Sequence[Problem]) -> list[Problem]:
 
 
 def _problem_record(
-    problem: Problem, seed: int, completions: Sequence[Completion], rewards_N: np.ndarray,
+    problem: Problem, seed: int, completions: Sequence[Completion], rewards_G: np.ndarray,
     threshold: float, answer_fn: AnswerFn, strategy_fn: StrategyFn | None = None,
 ) -> dict:
     """Raw per-sample results of one problem (what results.json keeps; metrics derive from it)."""
-    correct_N = rewards_N >= threshold
+    correct_G = rewards_G >= threshold
     texts = [normalize_whitespace(c.text) for c in completions]
     answers = [answer_fn(c.text) for c in completions]
     extra = {"strategies": [strategy_fn(c.text) for c in completions]} if strategy_fn is not None else {}
@@ -250,9 +250,9 @@ def _problem_record(
         "answer": problem.answer,
         "prompt_sha1": _sha1(problem.prompt),
         "seed": seed,
-        "num_correct": int(correct_N.sum()),
-        "correct": [int(x) for x in correct_N],
-        "rewards": [None if (r := em.finite_or_none(x)) is None else round(r, 6) for x in rewards_N],
+        "num_correct": int(correct_G.sum()),
+        "correct": [int(x) for x in correct_G],
+        "rewards": [None if (r := em.finite_or_none(x)) is None else round(r, 6) for x in rewards_G],
         "num_tokens": [int(c.num_tokens) for c in completions],
         "mean_entropy": [
             None if (e := em.finite_or_none(c.mean_entropy)) is None else round(e, 6)
@@ -260,7 +260,7 @@ def _problem_record(
         ],
         "answers": answers,
         # Texts are not stored (too large at n = 1024), so their diversity is counted here.
-        "distinct_correct_completions": len({t for t, ok in zip(texts, correct_N) if ok}),
+        "distinct_correct_completions": len({t for t, ok in zip(texts, correct_G) if ok}),
         **extra,
     }
 
@@ -293,9 +293,9 @@ def _sample_benchmark(
                 raise ValueError(
                     f"reward_fn returned shape {rewards.shape} for {len(texts)} completions")
             for j, (p, out) in enumerate(zip(todo, outputs)):
-                rewards_N = rewards[j * n : (j + 1) * n]
+                rewards_G = rewards[j * n : (j + 1) * n]
                 entry["problems"][p.id] = _problem_record(
-                    p, seed, out, rewards_N, settings.correct_threshold, answer_fn, strategy_fn
+                    p, seed, out, rewards_G, settings.correct_threshold, answer_fn, strategy_fn
                 )
             save()
             bar.update(len(todo))

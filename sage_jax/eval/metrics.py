@@ -1,7 +1,9 @@
 """Pure metric functions of the evaluation: pass@k, maj@k, answer extraction, bootstrap CIs.
 
-Dimension key: `P` problems, `N` samples of one problem, `K` values of k, `B` bootstrap
-resamples, `M` metrics, `R` vote subsets.
+Dimension key (docs/design.md §5.4, as in training: a problem is a prompt, its samples a group): `N` problems,
+`G` samples of one problem, `L` values of k, `R` resamples (bootstrap draws or vote subsets), `E` metric
+columns; a lower-case suffix is a size held in a local variable (`k` samples per vote subset, `m` distinct
+answers).
 
 Definitions (per problem with `n` samples of which `c` are verified correct):
 
@@ -119,9 +121,9 @@ def majority_at_k(
     Monte-Carlo mean over `resamples` random subsets drawn from `rng`. Returns float64 [K].
     """
     n = len(answers)
-    correct_N = np.asarray(correct, dtype=bool)
-    if correct_N.shape != (n,):
-        raise ValueError(f"majority_at_k: {n} answers but correctness of shape {correct_N.shape}")
+    correct_G = np.asarray(correct, dtype=bool)
+    if correct_G.shape != (n,):
+        raise ValueError(f"majority_at_k: {n} answers but correctness of shape {correct_G.shape}")
     counts: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, a in enumerate(answers):
@@ -134,34 +136,34 @@ def majority_at_k(
     if m == 0:
         return out
     rank = {a: r for r, a in enumerate(order)}
-    ids_N = np.array([rank[a] if a is not None else m for a in answers], np.int64)  # m = abstain
+    ids_G = np.array([rank[a] if a is not None else m for a in answers], np.int64)  # m = abstain
     ans_correct = np.zeros(m + 1, bool)
-    np.logical_or.at(ans_correct, ids_N, correct_N)
+    np.logical_or.at(ans_correct, ids_G, correct_G)
     ans_correct[m] = False
-    perms_RxN = None
+    perms_RxG = None
     for j, k in enumerate(ks):
         if not 1 <= k <= n:
             raise ValueError(f"majority_at_k: k={k} outside 1..n={n}")
         if k == 1:
-            out[j] = ans_correct[ids_N].mean()
+            out[j] = ans_correct[ids_G].mean()
             continue
         if math.comb(n, k) <= resamples:
-            subsets_RxK = np.array(list(itertools.combinations(range(n), k)), np.int64)
+            subsets_Rxk = np.array(list(itertools.combinations(range(n), k)), np.int64)
         else:
-            if perms_RxN is None:  # prefixes of one set of permutations serve every k
-                perms_RxN = rng.permuted(np.tile(np.arange(n), (resamples, 1)), axis=1)
-            subsets_RxK = perms_RxN[:, :k]
-        out[j] = _vote_accuracy(ids_N[subsets_RxK], m, ans_correct)
+            if perms_RxG is None:  # prefixes of one set of permutations serve every k
+                perms_RxG = rng.permuted(np.tile(np.arange(n), (resamples, 1)), axis=1)
+            subsets_Rxk = perms_RxG[:, :k]
+        out[j] = _vote_accuracy(ids_G[subsets_Rxk], m, ans_correct)
     return out
 
 
-def _vote_accuracy(ids_RxK: np.ndarray, m: int, ans_correct: np.ndarray) -> float:
+def _vote_accuracy(ids_Rxk: np.ndarray, m: int, ans_correct: np.ndarray) -> float:
     """Mean correctness of the majority answer of each row of answer ids (id m abstains)."""
-    r = ids_RxK.shape[0]
-    flat = (np.arange(r)[:, None] * (m + 1) + ids_RxK).ravel()
-    counts_RxM = np.bincount(flat, minlength=r * (m + 1)).reshape(r, m + 1)[:, :m]
-    winner_R = np.argmax(counts_RxM, axis=1)  # first maximum = lowest id = the tie-break order
-    voted_R = counts_RxM.max(axis=1) > 0
+    r = ids_Rxk.shape[0]
+    flat = (np.arange(r)[:, None] * (m + 1) + ids_Rxk).ravel()
+    counts_Rxm = np.bincount(flat, minlength=r * (m + 1)).reshape(r, m + 1)[:, :m]
+    winner_R = np.argmax(counts_Rxm, axis=1)  # first maximum = lowest id = the tie-break order
+    voted_R = counts_Rxm.max(axis=1) > 0
     return float(np.mean(voted_R & ans_correct[winner_R]))
 
 
@@ -171,21 +173,21 @@ def bootstrap_weights(num_problems: int, resamples: int, seed: int) -> np.ndarra
     return rng.multinomial(num_problems, np.full(num_problems, 1.0 / num_problems), size=resamples)
 
 
-def bootstrap_means(values_PxM: np.ndarray, weights_BxP: np.ndarray) -> np.ndarray:
+def bootstrap_means(values_NxE: np.ndarray, weights_RxN: np.ndarray) -> np.ndarray:
     """[B, M] replicate means of each metric column; NaN entries are left out of a mean."""
-    finite = np.isfinite(values_PxM)
-    sums = weights_BxP @ np.where(finite, values_PxM, 0.0)
-    counts = weights_BxP @ finite.astype(np.float64)
+    finite = np.isfinite(values_NxE)
+    sums = weights_RxN @ np.where(finite, values_NxE, 0.0)
+    counts = weights_RxN @ finite.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return sums / counts
 
 
-def percentile_ci(reps_BxM: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+def percentile_ci(reps_RxE: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap interval (lo [M], hi [M]) of replicate means."""
     tail = 100.0 * (1.0 - level) / 2.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN bounds
-        lo, hi = np.nanpercentile(reps_BxM, [tail, 100.0 - tail], axis=0)
+        lo, hi = np.nanpercentile(reps_RxE, [tail, 100.0 - tail], axis=0)
     return lo, hi
 
 
@@ -197,22 +199,22 @@ def nanmean(values: np.ndarray, axis=None):
 
 
 def summarize_columns(
-    per_problem: Mapping[str, np.ndarray], weights_BxP: np.ndarray, level: float
+    per_problem: Mapping[str, np.ndarray], weights_RxN: np.ndarray, level: float
 ) -> tuple[dict[str, dict[str, float]], np.ndarray]:
     """Mean and bootstrap CI of each per-problem metric [P]; also returns the [B, M] replicates.
 
     All metrics share the same resampled problems, so differences between them are paired.
     """
     names = list(per_problem)
-    values_PxM = np.stack([np.asarray(per_problem[k], np.float64) for k in names], axis=1)
-    reps_BxM = bootstrap_means(values_PxM, weights_BxP)
-    lo, hi = percentile_ci(reps_BxM, level)
-    mean = nanmean(values_PxM, axis=0)
+    values_NxE = np.stack([np.asarray(per_problem[k], np.float64) for k in names], axis=1)
+    reps_RxE = bootstrap_means(values_NxE, weights_RxN)
+    lo, hi = percentile_ci(reps_RxE, level)
+    mean = nanmean(values_NxE, axis=0)
     stats = {
         name: {"mean": float(mean[j]), "lo": float(lo[j]), "hi": float(hi[j])}
         for j, name in enumerate(names)
     }
-    return stats, reps_BxM
+    return stats, reps_RxE
 
 
 def stable_seed(*parts: Any) -> int:

@@ -1,8 +1,8 @@
 """Metrics of stored evaluation results: per-problem columns, benchmark means, macro average.
 
 Pure functions over the `results.json` dict (see `sage_jax.eval.evaluate`); the numbers are defined
-in `sage_jax.eval.metrics`. Dimension key: `P` problems, `K` values of k, `B` bootstrap
-resamples, `M` metrics.
+in `sage_jax.eval.metrics`. Dimension key (as in
+`sage_jax.eval.metrics`): `N` problems, `L` values of k, `R` bootstrap resamples, `E` metric columns.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ def problem_metrics(
     """Per-problem metric columns [P] of one (model, benchmark) from its stored records; with labelled
     procedures, also `share/<label>` (share of the problem's samples that follow it) per label."""
     n = len(records[0]["correct"])
-    c_P = np.array([r["num_correct"] for r in records], np.int64)
-    pass_PxK = em.pass_at_k(n, c_P[:, None], np.asarray(ks)[None, :])
-    maj_PxK = np.stack([
+    c_N = np.array([r["num_correct"] for r in records], np.int64)
+    pass_NxL = em.pass_at_k(n, c_N[:, None], np.asarray(ks)[None, :])
+    maj_NxL = np.stack([
         # Same subsets for every model on a problem (paired comparison), fixed by stat_seed.
         em.majority_at_k(r["answers"], np.array(r["correct"], bool), ks, settings.maj_resamples,
                          np.random.default_rng(em.stable_seed(settings.stat_seed, "maj", bench, pid)))
@@ -36,10 +36,10 @@ def problem_metrics(
     ])
     cols: dict[str, np.ndarray] = {}
     for j, k in enumerate(ks):
-        cols[f"pass@{k}"] = pass_PxK[:, j]
-    cols["mean@n"] = c_P / n
+        cols[f"pass@{k}"] = pass_NxL[:, j]
+    cols["mean@n"] = c_N / n
     for j, k in enumerate(ks):
-        cols[f"maj@{k}"] = maj_PxK[:, j]
+        cols[f"maj@{k}"] = maj_NxL[:, j]
     cols["distinct_correct_answers"] = np.array([
         len({a for a, ok in zip(r["answers"], r["correct"]) if ok and a is not None}) for r in records
     ], np.float64)
@@ -92,7 +92,7 @@ def summarize(
         ks = em.default_ks(n)
         ids = [p.id for p in problems]
         summary["benchmarks"][bench] = {"n": n, "ks": ks, "num_problems": len(problems)}
-        weights_BxP = em.bootstrap_weights(
+        weights_RxN = em.bootstrap_weights(
             len(problems), settings.bootstrap_resamples,
             em.stable_seed(settings.stat_seed, "bootstrap", bench))
         base_records = complete(base, bench)
@@ -107,9 +107,9 @@ def summarize(
                 solved_base = np.array([r["num_correct"] > 0 for r in base_records])
                 solved = np.array([r["num_correct"] > 0 for r in records])
                 cols["new_support"] = (solved & ~solved_base).astype(np.float64)
-            stats, reps_BxM = em.summarize_columns(cols, weights_BxP, settings.ci_level)
+            stats, reps_RxE = em.summarize_columns(cols, weights_RxN, settings.ci_level)
             summary["models"][model][bench] = _clean_stats(stats)
-            reps[model][bench] = (list(cols), reps_BxM)
+            reps[model][bench] = (list(cols), reps_RxE)
             columns[model][bench] = cols
             summary["per_problem"][model][bench] = {
                 pid: {name: em.finite_or_none(col[i]) for name, col in cols.items()}
@@ -139,12 +139,12 @@ def _paired_delta(cols: dict[str, np.ndarray], reps: tuple[list[str], np.ndarray
                   level: float) -> tuple[dict, tuple[list[str], np.ndarray]]:
     """Mean and CI of (model - base) per metric both have, from replicates over the same resampled problems."""
     names = [k for k in cols if k in base_cols]
-    (mn, m_BxM), (bn, b_BxM) = reps, base_reps
-    d_BxM = m_BxM[:, [mn.index(k) for k in names]] - b_BxM[:, [bn.index(k) for k in names]]
-    lo, hi = em.percentile_ci(d_BxM, level)
+    (mn, m_RxE), (bn, b_RxE) = reps, base_reps
+    d_RxE = m_RxE[:, [mn.index(k) for k in names]] - b_RxE[:, [bn.index(k) for k in names]]
+    lo, hi = em.percentile_ci(d_RxE, level)
     stats = {k: {"mean": em.finite_or_none(em.nanmean(cols[k] - base_cols[k])), "lo": em.finite_or_none(lo[j]),
                  "hi": em.finite_or_none(hi[j])} for j, k in enumerate(names)}
-    return stats, (names, d_BxM)
+    return stats, (names, d_RxE)
 
 
 def _clean_stats(stats: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:

@@ -1,8 +1,7 @@
 """Group-relative advantages (GRPO family).
 
-Dimension key: ``B`` batch (completions), ``G`` group size (completions per prompt),
-``B = num_prompts * G`` laid out group-contiguous (completions of prompt p at
-``p * G ... p * G + G - 1``).
+Dimension key (docs/design.md §5.4): ``N`` prompts, ``G`` completions per prompt, ``B = N * G`` rows laid out
+group-contiguous (completions of prompt p at ``p * G ... p * G + G - 1``).
 
 ::
 
@@ -60,27 +59,27 @@ def group_advantages(
 
     dtype = jnp.promote_types(rewards_B.dtype, jnp.float32)
     r = jax.lax.stop_gradient(rewards_B.astype(dtype))
-    r_PxG = r.reshape(B // group_size, group_size)
-    mean_P = r_PxG.mean(axis=1)
-    std_P = _sample_std(r_PxG, axis=1)
-    centered_PxG = r_PxG - mean_P[:, None]
+    r_NxG = r.reshape(B // group_size, group_size)
+    mean_N = r_NxG.mean(axis=1)
+    std_N = _sample_std(r_NxG, axis=1)
+    centered_NxG = r_NxG - mean_N[:, None]
 
     if scale_rewards == "group":
-        adv_PxG = centered_PxG / (std_P[:, None] + eps)
+        adv_NxG = centered_NxG / (std_N[:, None] + eps)
     elif scale_rewards == "batch":
-        adv_PxG = centered_PxG / (_sample_std(r, axis=None) + eps)
+        adv_NxG = centered_NxG / (_sample_std(r, axis=None) + eps)
     else:
-        adv_PxG = centered_PxG
+        adv_NxG = centered_NxG
 
     # max == min is exact, unlike a tolerance on a float std.
-    zero_std_P = r_PxG.max(axis=1) == r_PxG.min(axis=1)
+    zero_std_N = r_NxG.max(axis=1) == r_NxG.min(axis=1)
     metrics = {
         "reward_mean": r.mean(),
         "reward_std": _sample_std(r, axis=None),
-        "reward_std_group": std_P.mean(),
-        "frac_zero_std": zero_std_P.astype(dtype).mean(),
+        "reward_std_group": std_N.mean(),
+        "frac_zero_std": zero_std_N.astype(dtype).mean(),
     }
-    return adv_PxG.reshape(B), metrics
+    return adv_NxG.reshape(B), metrics
 
 
 def _ratio_of_binomials(a: Array, n: int, k: int) -> Array:
@@ -94,11 +93,11 @@ def _ratio_of_binomials(a: Array, n: int, k: int) -> Array:
 def pass_at_k_advantages(rewards_B: Array, group_size: int, k: int, eps: float = 1e-4) -> tuple[Array, dict]:
     """The analytic pass@k advantage of Pass@k Training (Chen et al., 2025) for binary rewards (correct: r > 0).
 
-    A group of N = `group_size` with N_neg wrong samples has the unbiased pass@k (over the k-subsets of the
-    group) R = 1 - C(N_neg, k) / C(N, k) and std s = sqrt(R (1 - R)). Every k-subset holding sample i scores
+    A group of G = `group_size` with G_neg wrong samples has the unbiased pass@k (over the k-subsets of the
+    group) R = 1 - C(G_neg, k) / C(G, k) and std s = sqrt(R (1 - R)). Every k-subset holding sample i scores
     max reward; its mean over those subsets, minus R, over s, is i's advantage:
         correct i: (1 - R) / (s + eps)
-        wrong i:   (1 - R - C(N_neg - 1, k - 1) / C(N - 1, k - 1)) / (s + eps)
+        wrong i:   (1 - R - C(G_neg - 1, k - 1) / C(G - 1, k - 1)) / (s + eps)
     k = 1 gives GRPO's group advantage with the population (ddof 0) std. Metrics: `pass_at_k` (mean R over
     groups, the unbiased pass@k of the training samples) and `frac_zero_std` (groups with R in {0, 1})."""
     if not 1 <= k <= group_size:
@@ -106,17 +105,17 @@ def pass_at_k_advantages(rewards_B: Array, group_size: int, k: int, eps: float =
     (B,) = rewards_B.shape
     if B % group_size:
         raise ValueError(f"batch size B={B} is not a multiple of group_size={group_size}")
-    N = group_size
-    correct_PxG = (jax.lax.stop_gradient(rewards_B) > 0).reshape(B // N, N)
-    n_neg_P = N - correct_PxG.sum(axis=1)
+    G = group_size
+    correct_NxG = (jax.lax.stop_gradient(rewards_B) > 0).reshape(B // G, G)
+    n_neg_N = G - correct_NxG.sum(axis=1)
     # R is exactly 0 (all wrong) or 1 (fewer than k wrong) by counting; float products can land a hair
     # outside [0, 1] and make sqrt(R (1 - R)) NaN, so those groups are decided on the integers.
-    uniform_P = (n_neg_P == N) | (n_neg_P < k)
-    R_P = jnp.where(n_neg_P == N, 0.0, jnp.where(n_neg_P < k, 1.0,
-                                                 jnp.clip(1.0 - _ratio_of_binomials(n_neg_P, N, k), 0.0, 1.0)))
-    s_P = jnp.sqrt(R_P * (1.0 - R_P))
-    neg_P = 1.0 - R_P - _ratio_of_binomials(n_neg_P - 1, N - 1, k - 1)
-    adv_PxG = jnp.where(correct_PxG, (1.0 - R_P)[:, None], neg_P[:, None]) / (s_P[:, None] + eps)
-    adv_PxG = jnp.where(uniform_P[:, None], 0.0, adv_PxG)  # no signal, exactly
-    metrics = {"pass_at_k": R_P.mean(), "frac_zero_std": uniform_P.astype(jnp.float32).mean()}
-    return adv_PxG.reshape(B), metrics
+    uniform_N = (n_neg_N == G) | (n_neg_N < k)
+    R_N = jnp.where(n_neg_N == G, 0.0, jnp.where(n_neg_N < k, 1.0,
+                                                 jnp.clip(1.0 - _ratio_of_binomials(n_neg_N, G, k), 0.0, 1.0)))
+    s_N = jnp.sqrt(R_N * (1.0 - R_N))
+    neg_N = 1.0 - R_N - _ratio_of_binomials(n_neg_N - 1, G - 1, k - 1)
+    adv_NxG = jnp.where(correct_NxG, (1.0 - R_N)[:, None], neg_N[:, None]) / (s_N[:, None] + eps)
+    adv_NxG = jnp.where(uniform_N[:, None], 0.0, adv_NxG)  # no signal, exactly
+    metrics = {"pass_at_k": R_N.mean(), "frac_zero_std": uniform_N.astype(jnp.float32).mean()}
+    return adv_NxG.reshape(B), metrics

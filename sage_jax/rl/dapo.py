@@ -1,11 +1,11 @@
 """DAPO's sample-level parts (Yu et al., 2025, arXiv 2503.14476): dynamic sampling and overlong handling.
 
-Dimension key: B rows (group-contiguous, G per prompt), N prompts kept for the update, K = B / G groups
-generated.
+Dimension key (docs/design.md §5.4): B rows (group-contiguous, G per prompt), N prompts kept for the update;
+k = rl.dynamic_sampling, so k x N groups are generated.
 
 Dynamic sampling. A group whose rewards are all equal has zero advantage: it carries no policy-gradient
 signal, only KL terms. DAPO keeps sampling until the batch holds N groups with unequal rewards. Inside one
-fixed-shape program this is done by over-sampling: the step generates K = k * N groups, ranks the
+fixed-shape program this is done by over-sampling: the step generates k x N groups, ranks the
 informative ones first (in batch order, so the choice is deterministic) and trains on the first N. When
 fewer than N are informative, the remaining slots hold uninformative groups whose rows are masked out of
 the loss (they change neither the loss nor its token count): the update then has fewer groups, as DAPO's
@@ -47,16 +47,16 @@ def select_groups(rewards_B: Array, group_size: int, keep: int) -> tuple[Array, 
     uninformative groups), `surplus` (informative groups beyond `keep`, not trained on).
     """
     (B,) = rewards_B.shape
-    K = B // group_size
-    if B % group_size or not 1 <= keep <= K:
+    n_groups = B // group_size
+    if B % group_size or not 1 <= keep <= n_groups:
         raise ValueError(f"select_groups: {B} rows in groups of {group_size}, keep={keep}")
-    r = rewards_B.reshape(K, group_size)
+    r = rewards_B.reshape(n_groups, group_size)
     informative = r.max(axis=1) > r.min(axis=1)  # exact, unlike a tolerance on a float std
     order = jnp.argsort(jnp.logical_not(informative).astype(jnp.int32), stable=True)
     idx = order[:keep]
     n_inf = informative.sum()
     kept = jnp.minimum(n_inf, keep)
-    metrics = {"generated": jnp.asarray(K, jnp.int32), "informative": n_inf, "kept": kept, "short": keep - kept,
+    metrics = {"generated": jnp.asarray(n_groups, jnp.int32), "informative": n_inf, "kept": kept, "short": keep - kept,
                "surplus": n_inf - kept}
     return idx, informative[idx], metrics
 

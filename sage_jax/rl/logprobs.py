@@ -1,6 +1,7 @@
 """Per-token log-probabilities and entropies without materialising float32 [B, T, V] logits.
 
-Dimension key: B batch, T sequence, D model, V vocab, C chunk length.
+Dimension key: B rows, S = P + T sequence, P prompt length, T completion length (the positions scored),
+N prompts, G rows per prompt, D model, V vocab, C chunk length.
 
 The sequence is cut into chunks of C positions; each chunk's logits (BxCxV, float32) live only inside a
 `jax.checkpoint`ed scan body, so the backward pass recomputes them chunk by chunk instead of keeping
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from sage_jax.rl.losses import forward_kl_from_logits
 
 Array = jax.Array
 
@@ -26,6 +29,31 @@ def _chunk_stats(hidden_BxCxD, unembed_DxV, targets_BxC, temperature):
     return tgt - logz, jax.lax.stop_gradient(entropy)
 
 
+def map_position_chunks(fn, arrays, chunk: int):
+    """`fn` over the sequence in chunks of C = min(chunk, T) positions, one chunk live at a time.
+
+    Every array of `arrays` is [B, T, ...]; `fn` takes their [B, C, ...] chunks and returns a tuple of
+    [B, C] outputs, which come back as [B, T]. The chunk body is `jax.checkpoint`ed, so a backward pass
+    recomputes each chunk's float32 logits instead of keeping them. T is zero-padded to a multiple of C.
+    """
+    B, T = arrays[0].shape[:2]
+    C = min(chunk, T)
+    pad = (-T) % C
+    n = (T + pad) // C
+
+    def split(a):  # [B, T, ...] -> [n, B, C, ...]
+        if pad:
+            a = jnp.pad(a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2))
+        return a.reshape(B, n, C, *a.shape[2:]).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def body(_, xs):
+        return None, fn(*xs)
+
+    _, out = jax.lax.scan(body, None, tuple(split(a) for a in arrays))
+    return tuple(y.swapaxes(0, 1).reshape(B, n * C)[:, :T] for y in out)
+
+
 def token_logp_entropy(hidden_BxTxD: Array, unembed_DxV: Array, targets_BxT: Array, chunk: int = 256,
                        temperature: float = 1.0) -> tuple[Array, Array]:
     """log p(target_t) and the full-distribution entropy at every position, both BxT float32.
@@ -33,23 +61,28 @@ def token_logp_entropy(hidden_BxTxD: Array, unembed_DxV: Array, targets_BxT: Arr
     `hidden_BxTxD[:, t]` predicts `targets_BxT[:, t]`. Differentiable in the log-probs; the entropy is
     stop-gradient.
     """
-    B, T, D = hidden_BxTxD.shape
-    C = min(chunk, T)
-    pad = (-T) % C
-    if pad:
-        hidden_BxTxD = jnp.pad(hidden_BxTxD, ((0, 0), (0, pad), (0, 0)))
-        targets_BxT = jnp.pad(targets_BxT, ((0, 0), (0, pad)))
-    n = (T + pad) // C
-    h = hidden_BxTxD.reshape(B, n, C, D).swapaxes(0, 1)  # n x B x C x D
-    y = targets_BxT.reshape(B, n, C).swapaxes(0, 1)
+    stats = lambda h, y: _chunk_stats(h, unembed_DxV, y, temperature)
+    return map_position_chunks(stats, (hidden_BxTxD, targets_BxT), chunk)
 
-    @jax.checkpoint
-    def body(_, xs):
-        return None, _chunk_stats(xs[0], unembed_DxV, xs[1], temperature)
 
-    _, (logp, ent) = jax.lax.scan(body, None, (h, y))
-    fold = lambda a: a.swapaxes(0, 1).reshape(B, n * C)[:, :T]
-    return fold(logp), fold(ent)
+def sequence_forward_kl(policy, reference, tokens_BxS: Array, mask_BxS: Array, completion_start: int,
+                        chunk: int = 256, temperature: float = 1.0) -> Array:
+    """Exact forward KL(pi_ref || pi_theta) at every completion position (BxT), in sequence chunks: the
+    full-vocabulary sum of `losses.forward_kl_from_logits` on both models' chunk logits. Differentiable in
+    the policy; the reference is stop-gradient."""
+    from sage_jax.models.decoder import positions_from_mask
+
+    pos = positions_from_mask(mask_BxS)
+    h_pol = policy.forward(tokens_BxS, pos, mask_BxS)[0][:, completion_start - 1:-1]
+    h_ref = jax.lax.stop_gradient(reference.forward(tokens_BxS, pos, mask_BxS)[0][:, completion_start - 1:-1])
+    w_pol, w_ref = policy.unembed_matrix(), jax.lax.stop_gradient(reference.unembed_matrix())
+
+    def kl(hp, hr):
+        lp = jnp.einsum("bcd,dv->bcv", hp, w_pol, preferred_element_type=jnp.float32) / temperature
+        lr = jnp.einsum("bcd,dv->bcv", hr, w_ref, preferred_element_type=jnp.float32) / temperature
+        return (forward_kl_from_logits(lp, lr),)
+
+    return map_position_chunks(kl, (h_pol, h_ref), chunk)[0]
 
 
 def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_start: int, chunk: int = 256,

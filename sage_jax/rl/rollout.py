@@ -1,9 +1,9 @@
 """The RL step's first phase: rollout, verifier reward, DAPO's sample-level options, advantages.
 
-Dimension key: K prompts sampled this step, N = K / rl.dynamic_sampling prompts trained on, G completions
-per prompt, B = N * G rows (group-contiguous), P prompt length, T completion length.
+Dimension key (docs/design.md §5.4): N prompts trained on, k = rl.dynamic_sampling (k x N prompts sampled), G
+completions per prompt, B = N * G rows (group-contiguous), P prompt length, T completion length.
 
-    prompts_KxP --generate--> K * G completions --host verifier--> rewards
+    k x N prompts --generate--> k x N x G completions --host verifier--> rewards
       [overlong penalty: reward + factor * R_len]  [dynamic sampling: the N informative groups first]
       --group advantages--> adv_B,  loss_mask_BxT (masked: uninformative fill-in groups, overlong-filtered rows)
 
@@ -78,7 +78,7 @@ def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, 
         metrics.update({"reward/overlong_penalty_mean": penalty.mean(), "reward/shaped_mean": shaped.mean()})
     keep_B = jnp.ones(rewards.shape, bool)
     if k > 1:
-        # DAPO's dynamic sampling: the generation metrics above cover all K groups, the rest the kept N
+        # DAPO's dynamic sampling: the generation metrics above cover all k x N groups, the rest the kept N
         metrics.update({f"reward/{m}": v for m, v in group_advantages(rewards, G, cfg.scale_rewards)[1].items()})
         idx, informative, ds = dapo.select_groups(rewards, G, rewards.shape[0] // G // k)
         metrics.update({f"dynamic/{m}_groups": v for m, v in ds.items()})

@@ -1,27 +1,27 @@
-"""The fused RL step: rollout -> verifier reward -> advantages -> reference -> guide -> loss -> update.
+"""The fused RL step, one jitted program (`make_rl_step`) that reads top to bottom as its phases:
 
-Dimension key: N prompts trained on, G completions per prompt, B = N * G rows (group-contiguous),
-P prompt length (left padded), T completion length, A answer tokens, M minibatches.
+  1. rollout      (`rollout.rollout`) generate G completions per prompt with the KV cache, verifier rewards
+                  through a host callback, DAPO's sample-level options, advantages adv_B
+  2. reference    (`no_gradient_passes`) the frozen reference's log-probs and entropies (only when beta > 0
+                  with the reverse KL), and PPO's `old` log-probs (only with several updates per rollout)
+  3. update scan  (`update_scan`) num_iterations x M minibatch updates: policy log-probs and entropies
+                  (chunked), guide q, policy loss, gradients (summed over J micro-batches), one optax update
+  4. metrics      (`reduce_metrics`) each metric reduced as `METRIC_REDUCTION` says
 
-One jitted program per step (`make_rl_step`), compiled once and reused:
+Dimension key (docs/design.md §5.4): N prompts trained on, G completions per prompt, B = N x G rows
+(group-contiguous), P prompt length (left padded), T completion length, S = P + T, A answer tokens, M
+minibatches per iteration, J micro-batches per update (rl.grad_accum_steps), U = num_iterations x M updates.
 
-  prompts --generate (KV cache)--> tokens_BxT, mask_BxT, sampler logp_BxT
-  --host callback (per shard)--> rewards_B --group_advantages--> adv_B     (sage_jax/rl/rollout.py; with DAPO's
-                                 dynamic sampling, N of the batch's prompts are kept after the rewards)
-  --frozen reference (only when beta > 0)--> ref_logp_BxT
-  --scan over num_iterations x M minibatch updates:
-        policy logp, entropy (chunked) -> guide q -> policy_loss -> grads -> optax update
+`old` log-probs: with one update per rollout, old = stop_gradient(logp) (ratio 1, as in TRL); with several
+updates, old = the trainer's forward under the sampling params, once before the updates (the sampler's
+log-probs are after top-k / top-p / min-p, not the trainer's). The guide schedule's step, the RNG and the
+counters live in `TrainState`; nothing lives on the Python side.
 
-`old` log-probs: with one update per rollout, old = stop_gradient(logp) (ratio 1, as in TRL); with
-several updates (num_iterations > 1 or M > 1) old = the trainer's forward under the sampling params, once
-before the updates (the sampler's log-probs are after top-k / top-p / min-p, not the trainer's). The guide
-schedule step, RNG and counters live in `TrainState`; nothing lives on the Python side.
-
-Gradient accumulation (`grad_accum_steps` = A): each of the M updates sums the gradients of A equal
-micro-batches (`micro_loss_share` rescales each micro-batch loss so the sum is exactly the minibatch
-loss, for every `loss_type`), then applies ONE optimizer update. LoRA (`models.lora.add_lora` before
-`init_train_state`): `params` = the adapters (the only optimizer state), `frozen_params` = the base;
-the reference is the base with zeroed adapters (no copy of the weights).
+Gradient accumulation: each update sums the gradients of J equal micro-batches (`micro_loss_share` rescales
+each micro-batch's loss so that the shares sum exactly to the minibatch loss, for every `loss_type`), then
+applies ONE optimizer update. LoRA (`models.lora.add_lora` before `init_train_state`): `params` = the adapters
+(the only optimizer state), `frozen_params` = the base; the reference is the base with zeroed adapters (no
+copy of the weights).
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ import optax
 
 from sage_jax import sharding as shd
 from sage_jax.models import lora as lora_lib
-from sage_jax.models.decoder import positions_from_mask
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy
-from sage_jax.rl.rollout import rollout
+from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_forward_kl, sequence_logp_entropy
+from sage_jax.rl.rollout import Rollout, rollout
 from sage_jax.rl.state import TrainState, merge_policy
 from sage_jax.sampling import SamplingConfig
 
@@ -83,8 +82,12 @@ class RLConfig:
     overlong_filter: bool = False
 
     def __post_init__(self):
+        """The rules on the step's settings, in one place, each naming the config field that sets it
+        (`config_lib.rl_config` builds this and reports a failure as a config error)."""
         if self.group_size < 2:
-            raise ValueError(f"rl.group_size must be >= 2 (group advantages need a group), got {self.group_size}")
+            raise ValueError(f"rollout.group_size={self.group_size}: group advantages need >= 2")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"rl.scale_rewards={self.scale_rewards!r} is not one of group, batch, none")
         if self.num_iterations < 1 or self.num_minibatches < 1:
             raise ValueError("rl.num_iterations and rl.num_minibatches must be >= 1")
         if self.grad_accum_steps < 1:
@@ -102,12 +105,30 @@ class RLConfig:
         if self.dapo_normalizer not in ("generation", "window"):
             raise ValueError(f"rl.dapo_normalizer={self.dapo_normalizer!r} is not one of generation, window")
         if self.remat not in (None, "none", "full", "dots"):
-            raise ValueError(f"rl.remat={self.remat!r} is not one of none, full, dots")
-        if self.loss.kl_mode == "forward" and self.guide != "none":
-            raise ValueError(f"rl.guide={self.guide!r} with kl_mode='forward': the forward KL ignores the guide")
+            raise ValueError(f"model.remat={self.remat!r} is not one of none, full, dots")
         if self.loss.beta == 0 and self.guide != "none":
-            raise ValueError(f"rl.guide={self.guide!r} with rl.beta=0: the guide reshapes the KL anchor, "
-                             "which does not exist without a KL term; set guide='none' or beta > 0")
+            raise ValueError(f"sage.guide={self.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does "
+                             "not exist without a KL term; set sage.guide='none' or rl.beta > 0")
+        if self.loss.kl_mode == "forward" and self.guide != "none":
+            raise ValueError(f"sage.guide={self.guide!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref "
+                             "itself and a guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
+
+    def check_batch(self, num_prompts: int) -> None:
+        """The rules on the batch shape, before anything is traced: `num_prompts` sampled per step (K), of which
+        N = K / rl.dynamic_sampling are trained on as B = N x G rows, in M minibatches of J micro-batches."""
+        if num_prompts % self.dynamic_sampling:
+            raise ValueError(f"{num_prompts} prompts sampled per step, not a multiple of rl.dynamic_sampling="
+                             f"{self.dynamic_sampling}")
+        N = num_prompts // self.dynamic_sampling
+        B, M, J = N * self.group_size, self.num_minibatches, self.grad_accum_steps
+        if N % self.score_chunks:
+            raise ValueError(f"rl.score_chunks={self.score_chunks} does not divide the step's {N} prompts "
+                             "(data.batch_size; chunks of whole groups)")
+        if B % M:
+            raise ValueError(f"{B} rows (data.batch_size x rollout.group_size) not divisible by "
+                             f"rl.num_minibatches={M}")
+        if (B // M) % J:
+            raise ValueError(f"{B // M} rows per minibatch not divisible by rl.grad_accum_steps={J}")
 
     @property
     def needs_ref(self) -> bool:
@@ -118,25 +139,31 @@ class RLConfig:
         return self.num_iterations > 1 or self.num_minibatches > 1
 
 
-def _forward_kl(pol, ref, tokens, mask, P, chunk, temperature):
-    """Exact forward KL(pi_ref || pi_theta) per completion position, chunked over the sequence."""
-    pos = positions_from_mask(mask)
-    h_pol = pol.forward(tokens, pos, mask)[0][:, P - 1:-1]
-    h_ref = jax.lax.stop_gradient(ref.forward(tokens, pos, mask)[0][:, P - 1:-1])
-    w_pol, w_ref = pol.unembed_matrix(), jax.lax.stop_gradient(ref.unembed_matrix())
-    B, T, D = h_pol.shape
-    C = min(chunk, T)
-    pad = (-T) % C
-    padf = lambda h: jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(B, -1, C, D).swapaxes(0, 1)
+_first = lambda v: v[0]
+_last = lambda v: v[-1]
 
-    @jax.checkpoint
-    def body(_, xs):
-        lp = jnp.einsum("bcd,dv->bcv", xs[0], w_pol, preferred_element_type=jnp.float32) / temperature
-        lr = jnp.einsum("bcd,dv->bcv", xs[1], w_ref, preferred_element_type=jnp.float32) / temperature
-        return None, losses.forward_kl_from_logits(lp, lr)
+# How each metric of the update scan reduces: over the J micro-batches of one update, then over the step's U
+# updates; and its namespace in metrics.jsonl. A metric not listed: the mean, then the mean, under train/.
+METRIC_REDUCTION = {
+    # name:          (micro-batches, updates, namespace)
+    "loss": (jnp.sum, jnp.mean, "train"),  # a micro-batch's loss is its share of the update's loss
+    "pg_loss": (jnp.sum, jnp.mean, "train"),
+    "kl_loss": (jnp.sum, jnp.mean, "train"),
+    # sampler-vs-trainer numerics: only update 0 runs under the params that sampled, free of earlier drift
+    "logp_diff_mean": (jnp.mean, _first, "train"),
+    "logp_diff_max": (jnp.max, _first, "train"),
+    "grad_norm": (None, jnp.mean, "train"),  # once per update
+    "lr": (None, _last, "train"),
+    "q_mean": (jnp.mean, jnp.mean, "sage"),
+    "q_min": (jnp.min, jnp.min, "sage"),
+    "q_max": (jnp.max, jnp.max, "sage"),
+    "frac_shaped": (jnp.mean, jnp.mean, "sage"),
+}
+_DEFAULT_REDUCTION = (jnp.mean, jnp.mean, "train")
 
-    _, kl = jax.lax.scan(body, None, (padf(h_pol), padf(h_ref)))
-    return kl.swapaxes(0, 1).reshape(B, -1)[:, :T]
+
+def _reduction(name: str):
+    return METRIC_REDUCTION.get(name, _DEFAULT_REDUCTION)
 
 
 def micro_loss_share(loss: Array, mask_BxT: Array, loss_type: str, num_micro: int, batch_tokens: Array) -> Array:
@@ -145,8 +172,8 @@ def micro_loss_share(loss: Array, mask_BxT: Array, loss_type: str, num_micro: in
 
       grpo:    mean over this micro-batch's rows      -> / num_micro
       dr_grpo: sum / (B_micro * T_max)                 -> / num_micro
-      bnpo:    S_j / max(1, n_j)  (n_j its tokens)     -> S_j / max(1, N), N = the whole set's tokens
-      dapo:    S_j / N_gen (already the generation batch's count, `num_batch_tokens`) -> unchanged
+      bnpo:    S_j / max(1, n_j)  (n_j its tokens)     -> S_j / max(1, n), n = the whole set's tokens
+      dapo:    S_j / n_gen (already the generation batch's count, `num_batch_tokens`) -> unchanged
     """
     if loss_type in ("grpo", "dr_grpo"):
         return loss / num_micro
@@ -176,6 +203,7 @@ def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConf
     sharding rules, and the new state leaves in the same shardings as the rules give the old one (so
     a born-sharded state is donated in place and the step compiles once); metrics are replicated.
     """
+    cfg.check_batch(batch["prompt"].shape[0])
     kw = dict(graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lr_fn, reward_host=reward_host, mesh=mesh)
     if mesh is None:
         return _rl_step(state, batch, **kw)
@@ -192,85 +220,96 @@ def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConf
 
 def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
              reward_host: HostReward, mesh=None) -> tuple[TrainState, dict[str, Array]]:
-    G, M = cfg.group_size, cfg.num_minibatches
-    temp = cfg.sampling.temperature or 1.0
-    key = jax.random.fold_in(state.rng, state.step)
-    k_sample, k_guide = jax.random.split(key)
+    k_sample, k_guide = jax.random.split(jax.random.fold_in(state.rng, state.step))
+    merge = lambda p: merge_policy(graphdef, p, state.frozen_params)
 
-    frozen = state.frozen_params
-    merge = lambda p: merge_policy(graphdef, p, frozen)
-    # LoRA: the reference is the same base arrays with zeroed adapters (exactly the base model; no copy)
-    ref_params = state.ref_params if frozen is None else jax.tree.map(jnp.zeros_like, state.params)
+    ro = rollout(merge(jax.lax.stop_gradient(state.params)), batch, k_sample, cfg, reward_host, mesh)
+    ref_logp, ref_ent, old_logp = no_gradient_passes(state, ro, merge, cfg)
+    (params, opt_state, step), ms = update_scan(state, ro, ref_logp, ref_ent, old_logp, merge, cfg, tx, lr_fn,
+                                                k_guide)
+    metrics = {**reduce_metrics(ms), **ro.metrics}
+    return state.replace(step=step, params=params, opt_state=opt_state), metrics
 
-    # ---- rollout, reward, advantages (and DAPO's sample-level options)
-    policy = merge(jax.lax.stop_gradient(state.params))
-    if batch["prompt"].shape[0] % cfg.dynamic_sampling:
-        raise ValueError(f"{batch['prompt'].shape[0]} prompts sampled, not a multiple of rl.dynamic_sampling="
-                         f"{cfg.dynamic_sampling}")
-    ro = rollout(policy, batch, k_sample, cfg, reward_host, mesh)
-    prompt_N, pmask_N, cmask, lmask, adv = ro.prompt_NxP, ro.pmask_NxP, ro.cmask_BxT, ro.loss_mask_BxT, ro.adv_B
+
+def full_rows(ro: Rollout, G: int) -> tuple[Array, Array]:
+    """(tokens_BxS, mask_BxS): each row's prompt (repeated G times) followed by its completion, for the passes
+    that do not share a prompt's forward across its group (`rl.share_prompt=False`, partial groups in a
+    micro-batch, the forward KL). XLA drops them when nothing reads them."""
     rep = lambda x: shd.constrain(jnp.repeat(x, G, axis=0), ("batch", None))
-    prompt, pmask = rep(prompt_N), rep(pmask_N)
-    B, P = prompt.shape
-    if B % M:
-        raise ValueError(f"rows B={B} (prompts x group_size) not divisible by rl.num_minibatches={M}")
-    tokens = jnp.concatenate([prompt, ro.tokens_BxT], axis=1)
-    fmask = jnp.concatenate([pmask.astype(jnp.int32), cmask], axis=1)
-    num_tokens = lmask.sum()  # the tokens the loss reads
+    tokens = jnp.concatenate([rep(ro.prompt_NxP), ro.tokens_BxT], axis=1)
+    mask = jnp.concatenate([rep(ro.pmask_NxP).astype(jnp.int32), ro.cmask_BxT], axis=1)
+    return tokens, mask
 
-    C = cfg.score_chunks
-    N = B // G
-    if N % C:
-        raise ValueError(f"rl.score_chunks={C} does not divide the step's {N} prompts")
 
-    def chunked(x, per):
-        """[N * per, ...] -> [C, N / C * per, ...]: chunk c holds prompts c, c + C, c + 2C, ... (interleaved,
-        so that a batch sharded over its rows keeps every device's share in every chunk)."""
-        x = x.reshape(N // C, C, per, *x.shape[1:])
-        return jnp.moveaxis(x, 1, 0).reshape(C, N // C * per, *x.shape[3:])
+def reference_params(state: TrainState):
+    """The frozen reference: its own copy, or under LoRA the same base with zeroed adapters (no copy)."""
+    if state.frozen_params is None:
+        return state.ref_params
+    return jax.tree.map(jnp.zeros_like, state.params)
 
-    def unchunked(y):
-        """The inverse of `chunked(., G)` for a [C, N / C * G, T] output."""
-        y = y.reshape(C, N // C, G, *y.shape[2:])
-        return jnp.moveaxis(y, 0, 1).reshape(B, *y.shape[3:])
 
-    # (array, rows per prompt) of what a no-gradient pass reads, and the pass itself
+def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig):
+    """(ref_logp_BxT, ref_entropy_BxT, old_logp_BxT) of the rollout, each None when not needed: the reference
+    only with beta > 0 and the reverse KL (no reference pass is compiled otherwise), `old` only with several
+    updates per rollout: the trainer's own forward under the params that sampled (as TRL does), not the
+    sampler's log-probs, which top-k / top-p / min-p renormalise (the first ratio would be the kept mass).
+
+    Both run in `rl.score_chunks` sequential row chunks of whole groups (interleaved prompts, so a batch
+    sharded over its rows keeps every device's share in every chunk), so the attention of only B / C rows is
+    live at a time. The params enter the chunk loop as its (unchanged) carry and the model is built from them
+    inside the body: an NNX transform in its blocks (a graphdef with remat) cannot update Variables of an
+    outer trace."""
+    G, n_chunks = cfg.group_size, cfg.score_chunks
+    temp = cfg.sampling.temperature or 1.0
+    N, P = ro.prompt_NxP.shape
+    B = N * G
     if cfg.share_prompt:
-        score_args = ((prompt_N, 1), (pmask_N, 1), (ro.tokens_BxT, G), (cmask, G))
+        args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
         score_rows = lambda model, p, pm, t, cm: grouped_logp_entropy(model, p, pm, t, cm, cfg.logp_chunk, temp)
     else:
-        score_args = ((tokens, G), (fmask, G))
-        score_rows = lambda model, t, fm: sequence_logp_entropy(model, t, fm, P, cfg.logp_chunk, temp)
+        tokens, mask = full_rows(ro, G)
+        args = ((tokens, G), (mask, G))
+        score_rows = lambda model, t, m: sequence_logp_entropy(model, t, m, P, cfg.logp_chunk, temp)
+
+    def chunked(x, per):  # [N * per, ...] -> [n_chunks, N / n_chunks * per, ...], chunk c = prompts c, c + C, ...
+        x = x.reshape(N // n_chunks, n_chunks, per, *x.shape[1:])
+        return jnp.moveaxis(x, 1, 0).reshape(n_chunks, N // n_chunks * per, *x.shape[3:])
+
+    def unchunked(y):  # the inverse of chunked(., G) for a [n_chunks, N / n_chunks * G, T] output
+        y = y.reshape(n_chunks, N // n_chunks, G, *y.shape[2:])
+        return jnp.moveaxis(y, 0, 1).reshape(B, *y.shape[3:])
 
     def score(params):
-        """(logp_BxT, entropy_BxT) of the rollout under the model of `params`, no gradient; in `rl.score_chunks`
-        sequential row chunks (whole groups each), so the attention of only B / C rows is live at a time. The
-        params enter the loop as its (unchanged) carry and the model is built from them inside the body: an
-        NNX transform in its blocks (a graphdef with remat) cannot update Variables of an outer trace."""
-        if C == 1:
-            return jax.lax.stop_gradient(score_rows(merge(params), *(x for x, _ in score_args)))
+        if n_chunks == 1:
+            return jax.lax.stop_gradient(score_rows(merge(params), *(x for x, _ in args)))
         body = lambda p, a: (p, score_rows(merge(p), *a))
-        _, parts = jax.lax.scan(body, params, tuple(chunked(x, per) for x, per in score_args))
+        _, parts = jax.lax.scan(body, params, tuple(chunked(x, per) for x, per in args))
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 
-    # ---- frozen reference (not compiled at all when beta == 0)
     ref_logp = ref_ent = None
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
-        ref_logp, ref_ent = score(ref_params)
-
-    # ---- PPO's `old` log-probs, for several updates per rollout: the trainer's own forward under the params
-    # that sampled (as TRL does), not the sampler's log-probs, which top-k / top-p / min-p renormalise (the
-    # first update's ratio would be the kept mass, not 1). One update per rollout needs none: old = logp.
+        ref_logp, ref_ent = score(reference_params(state))
     old_logp = score(jax.lax.stop_gradient(state.params))[0] if cfg.multi_update else None
+    return ref_logp, ref_ent, old_logp
+
+
+def update_scan(state: TrainState, ro: Rollout, ref_logp, ref_ent, old_logp, merge, cfg: RLConfig, tx, lr_fn,
+                k_guide):
+    """U = num_iterations x M optimizer updates over the rollout, a scan: update u trains minibatch u mod M, as J
+    micro-batches whose gradients are summed. Returns ((params, opt_state, step), per-update metrics [U])."""
+    G, M, J = cfg.group_size, cfg.num_minibatches, cfg.grad_accum_steps
+    temp = cfg.sampling.temperature or 1.0
+    B, P = ro.tokens_BxT.shape[0], ro.prompt_NxP.shape[1]
+    tokens, fmask = full_rows(ro, G)
+    lmask = ro.loss_mask_BxT
+    num_tokens = lmask.sum()  # the tokens the loss reads
     # dapo's normaliser: the whole generation batch's completion tokens for each of the M updates (TRL 0.23,
     # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
     dapo_tokens = num_tokens if cfg.dapo_normalizer == "generation" else num_tokens / M
+    forward_kl = cfg.needs_ref and cfg.loss.kl_mode == "forward"
+    ref_params = reference_params(state) if forward_kl else None
 
-    A = cfg.grad_accum_steps
-    if (B // M) % A:
-        raise ValueError(f"rows per minibatch {B // M} not divisible by rl.grad_accum_steps={A}")
-    rows = B // M // A  # rows of one micro-batch (= one minibatch without accumulation)
-    # micro-batch index i over the whole batch: minibatch i // A, micro-batch i % A within it
+    rows = B // M // J  # rows of one micro-batch; micro-batch i = minibatch i // J, micro-batch i % J within it
     take = lambda x, i: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
     share_train = cfg.share_prompt and rows % G == 0  # a micro-batch of whole groups
     take_prompts = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * (rows // G), rows // G, axis=0)
@@ -278,12 +317,12 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     def loss_fn(params, i, step, gkey):
         model = merge(params)
         if cfg.remat is not None:
-            model.remat = cfg.remat  # static attribute of this traced copy only
-        if frozen is not None and model.lora_cfg.dropout > 0:
+            model.remat = cfg.remat  # a static attribute of this traced copy only: the training forward's remat
+        if state.frozen_params is not None and model.lora_cfg.dropout > 0:
             lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
-        tok, fm, cm, lm = take(tokens, i), take(fmask, i), take(cmask, i), take(lmask, i)
+        tok, fm, cm, lm = take(tokens, i), take(fmask, i), take(ro.cmask_BxT, i), take(lmask, i)
         if share_train:
-            logp, ent = grouped_logp_entropy(model, take_prompts(prompt_N, i), take_prompts(pmask_N, i),
+            logp, ent = grouped_logp_entropy(model, take_prompts(ro.prompt_NxP, i), take_prompts(ro.pmask_NxP, i),
                                              take(ro.tokens_BxT, i), cm, cfg.logp_chunk, temp)
         else:
             logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
@@ -291,12 +330,9 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
                                     entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))
         log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
-        fkl = None
-        if cfg.needs_ref and cfg.loss.kl_mode == "forward":
-            fkl = _forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp)
-        old = take(old_logp, i)
-        loss, m = losses.policy_loss(logp, old, take(ref_logp, i), log_q, take(adv, i), lm, cfg.loss,
-                                     num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
+        fkl = sequence_forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp) if forward_kl else None
+        loss, m = losses.policy_loss(logp, take(old_logp, i), take(ref_logp, i), log_q, take(ro.adv_B, i), lm,
+                                     cfg.loss, num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
                                      sampler_logp_BxT=take(ro.raw_logp_BxT, i), entropy_BxT=ent)
         mf = lm.astype(jnp.float32)
         n = jnp.maximum(mf.sum(), 1.0)
@@ -309,44 +345,36 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
         params, opt_state, step = carry
         i = u % M
         gkey = jax.random.fold_in(k_guide, u)
-        if A == 1:
+        if J == 1:
             (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey)
         else:
-            mb_tokens = jax.lax.dynamic_slice_in_dim(lmask, i * rows * A, rows * A, axis=0).sum()
+            mb_tokens = jax.lax.dynamic_slice_in_dim(lmask, i * rows * J, rows * J, axis=0).sum()
 
             def micro_fn(p, j):
-                loss, mj = loss_fn(p, i * A + j, step, jax.random.fold_in(gkey, j))
-                shr = lambda x: micro_loss_share(x, take(lmask, i * A + j), cfg.loss.loss_type, A, mb_tokens)
-                # the loss terms add up over micro-batches like the loss itself (for dapo a mean would be 1/A)
-                mj.update({k: shr(mj[k]) for k in ("pg_loss", "kl_loss") if k in mj})
-                return shr(loss), mj
+                loss, mj = loss_fn(p, i * J + j, step, jax.random.fold_in(gkey, j))
+                share = lambda x: micro_loss_share(x, take(lmask, i * J + j), cfg.loss.loss_type, J, mb_tokens)
+                # the loss terms add up over micro-batches like the loss itself (for dapo a mean would be 1/J)
+                mj.update({k: share(mj[k]) for k in ("loss", "pg_loss", "kl_loss") if k in mj})
+                return share(loss), mj
 
-            loss, ms_j, grads = accumulate_grads(micro_fn, params, A)
-            red = {"logp_diff_max": jnp.max, "q_min": jnp.min, "q_max": jnp.max, "pg_loss": jnp.sum,
-                   "kl_loss": jnp.sum}
-            m = {k: red.get(k, jnp.mean)(v) for k, v in ms_j.items()}
-            m["loss"] = jax.lax.stop_gradient(loss)  # the exact minibatch loss (sum of shares)
+            _, ms_j, grads = accumulate_grads(micro_fn, params, J)
+            m = {k: _reduction(k)[0](v) for k, v in ms_j.items()}
         m["grad_norm"] = optax.tree.norm(grads)
         m["lr"] = lr_fn(step)
         upd, opt_state = tx.update(grads, opt_state, params)
         return (optax.apply_updates(params, upd), opt_state, step + 1), m
 
     n_updates = cfg.num_iterations * M
-    (params, opt_state, step), ms = jax.lax.scan(
-        update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
+    return jax.lax.scan(update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
 
-    metrics = {f"train/{k}": v.mean() for k, v in ms.items() if k not in ("logp_diff_max", "q_min", "q_max")}
-    metrics["train/lr"] = ms["lr"][-1]
-    # The sampler-vs-trainer gap is a numerics check: only the first update (minibatch 0 under the
-    # params that sampled) is free of the drift of earlier updates.
-    metrics["train/logp_diff_mean"] = ms["logp_diff_mean"][0]
-    metrics["train/logp_diff_max"] = ms["logp_diff_max"][0]
-    for k in ("q_mean", "q_min", "q_max", "frac_shaped"):
-        metrics[f"sage/{k}"] = ms[k].min() if k == "q_min" else ms[k].max() if k == "q_max" else ms[k].mean()
-        metrics.pop(f"train/{k}", None)
-    metrics.update(ro.metrics)
-    new_state = state.replace(step=step, params=params, opt_state=opt_state)
-    return new_state, metrics
+
+def reduce_metrics(ms: dict[str, Array]) -> dict[str, Array]:
+    """The per-update metrics [U] of `update_scan` -> the step's, as `METRIC_REDUCTION` says."""
+    out = {}
+    for k, v in ms.items():
+        _, over_updates, namespace = _reduction(k)
+        out[f"{namespace}/{k}"] = over_updates(v)
+    return out
 
 
 def make_rl_step(graphdef, cfg: RLConfig, tx, lr_fn, reward_host: HostReward, mesh=None):

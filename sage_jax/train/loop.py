@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sage_jax import config_lib, sharding
+from sage_jax import config_lib, distributed, sharding
 from sage_jax.models import hf, lora as lora_lib
 from sage_jax.rewards.host import HostReward, encode_answers
 from sage_jax.rl import optim
@@ -61,11 +61,6 @@ def encode_prompts(s: Setup, prompts, max_tokens: int) -> tuple[np.ndarray, np.n
                              f"({prompts[i][:60]!r}...); raise the limit (prompts are never truncated)")
     toks, mask = left_pad(rows, s.pad_id, multiple=max_tokens)  # one fixed shape: one compilation
     return toks, mask
-
-
-def _global(mesh, x: np.ndarray):
-    """Host-local rows -> one global array sharded over the batch axes (multi-host safe)."""
-    return jax.make_array_from_process_local_data(sharding.batch_sharding(mesh, x.ndim), x)
 
 
 # ------------------------------------------------------------------------------------------ eval
@@ -259,11 +254,11 @@ def run(c, workdir: str) -> dict[str, Any]:
         if c.mode == "rl":
             p, m = encode_prompts(s, raw["prompt"], c.data.max_prompt_tokens)
             a = encode_answers(s.tokenizer, raw["answer"], c.data.max_answer_tokens)
-            return {"prompt": _global(s.mesh, p), "prompt_mask": _global(s.mesh, m), "answer": _global(s.mesh, a)}
+            return distributed.global_batch({"prompt": p, "prompt_mask": m, "answer": a}, s.mesh)
         from sage_jax.train.sft import encode_sft
         b = encode_sft(s.tokenizer, raw["prompt"], raw["solution"], s.eos_ids[0] if s.eos_ids else s.pad_id,
                        c.data.max_sft_tokens, s.pad_id, loss_on=c.data.sft_loss_on)
-        return {k: _global(s.mesh, v) for k, v in b.items()}
+        return distributed.global_batch(b, s.mesh)
 
     pre = _Preemption()
     pending = None  # (step, metrics on device) of the step before the one running now

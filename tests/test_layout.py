@@ -1,5 +1,5 @@
-"""The README's layout section lists exactly the package's modules, and each module is short enough to read
-(docs/design.md §5.1)."""
+"""The layout and its conventions: the README's layout section lists exactly the package's modules, each module
+is short enough to read (docs/design.md §5.1), and every shape-suffix letter has one meaning (§5.4)."""
 
 import os
 import re
@@ -48,3 +48,24 @@ def test_readme_layout_lists_every_module_and_nothing_else():
 def test_no_module_is_longer_than_the_limit():
     long = {p: n for p in _tree() if (n := len(open(os.path.join(ROOT, p)).read().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+def _design_letters() -> set[str]:
+    design = open(os.path.join(ROOT, "docs", "design.md")).read()
+    table = design.split("One\n   meaning per letter across the package:", 1)[1].split("\n\n", 2)[1]
+    letters = set()
+    for row in table.splitlines()[2:]:
+        letters.update(re.findall(r"`(\w+)`", row.split("|")[1]))
+    return letters
+
+
+def test_every_shape_suffix_letter_is_in_the_design_key():
+    letters = _design_letters()
+    assert {"B", "N", "G", "P", "T", "K", "Dh"} <= letters, letters
+    unknown = {}
+    for path in _tree():
+        for name, suffix in re.findall(r"\b(\w+?)_((?:Dh|[A-Z])(?:x(?:Dh|[A-Z0-9]|[a-z]))*)\b", open(os.path.join(ROOT, path)).read()):
+            for part in suffix.split("x"):
+                if part[0].isupper() and part not in letters:
+                    unknown.setdefault(part, []).append(f"{path}: {name}_{suffix}")
+    assert not unknown, f"shape letters not in docs/design.md §5.4's key: {unknown}"
