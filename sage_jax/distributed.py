@@ -3,8 +3,8 @@
 One program runs on every host (TPU pod workers, GPU nodes, or local processes in tests). Each host
 owns the devices attached to it; a global array's rows split over (data, fsdp) live on the hosts
 that own those devices, so each host loads only its rows (`global_batch`) and the reward
-callback inside the step runs on each host for its own shards (`reward_host.host_rewards`).
-Checkpoints are written by all hosts together (Orbax); metrics by process 0 (`is_main_process`).
+callback inside the step runs on each host for its own shards (`rewards.host.host_rewards`).
+Checkpoints are written by all hosts together (Orbax); metrics by process 0 (`jax.process_index() == 0`).
 
 Start-up (`maybe_initialize`), in order of precedence:
   1. explicit arguments, or the environment `JAX_COORDINATOR_ADDRESS` (host:port of process 0),

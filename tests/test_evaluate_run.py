@@ -351,6 +351,31 @@ def test_changed_verifier_refuses_and_non_writer_writes_nothing(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+def test_results_written_before_the_package_split_resume(tmp_path):
+    """A results.json that names the project's verifier and answer reader under their modules before the
+    split (`sage_jax.rewards`, `sage_jax.boxed`) resumes without sampling again; another verifier is still
+    refused."""
+    from sage_jax.rewards import verifiers
+
+    log = new_log()
+    evaluate_models(make_models(log), BENCHMARKS, verifiers.exact_match_reward, SETTINGS, tmp_path, progress=False)
+    path = results_path(tmp_path)
+    stored = json.loads(path.read_text())
+    assert stored["verifier"] == {"reward_fn": "sage_jax.rewards.verifiers.exact_match_reward",
+                                  "answer_fn": "sage_jax.rewards.boxed.extract_boxed_answer"}
+    stored["verifier"] = {"reward_fn": "sage_jax.rewards.exact_match_reward",
+                          "answer_fn": "sage_jax.boxed.extract_boxed_answer"}
+    path.write_text(json.dumps(stored))
+    log = new_log()
+    evaluate_models(make_models(log), BENCHMARKS, verifiers.exact_match_reward, SETTINGS, tmp_path, progress=False)
+    assert log["calls"] == []
+    stored["verifier"]["reward_fn"] = "sage_jax.rewards.math_verify_reward"
+    path.write_text(json.dumps(stored))
+    with pytest.raises(SettingsMismatchError, match="reward_fn"):
+        evaluate_models(make_models(new_log()), BENCHMARKS, verifiers.exact_match_reward, SETTINGS, tmp_path,
+                        progress=False)
+
+
 def test_with_the_project_verifier(tmp_path):
     rewards = pytest.importorskip("sage_jax.rewards.verifiers")
     script = {"P1": [r"so \boxed{\frac{1}{2}}", r"\boxed{0.5}", r"\boxed{2}", "no idea"]}

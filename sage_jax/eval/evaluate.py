@@ -157,6 +157,23 @@ def callable_name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
+# Modules that moved when the package was split by concern. A results.json written before names the same
+# functions under their old modules; reading those names as the new ones lets such a run resume.
+_MOVED = {"sage_jax.rewards.": "sage_jax.rewards.verifiers.", "sage_jax.boxed.": "sage_jax.rewards.boxed.",
+          "sage_jax.eval_metrics.": "sage_jax.eval.metrics."}
+_REWARDS_MODULES = ("verifiers", "pool", "worker", "host", "boxed", "answer_cost")
+
+
+def current_name(name: str | None) -> str | None:
+    """A stored `callable_name` under today's module names."""
+    for old, new in _MOVED.items():
+        if name and name.startswith(old):
+            if old == "sage_jax.rewards." and name[len(old):].split(".", 1)[0] in _REWARDS_MODULES:
+                return name  # already a module of the rewards package
+            return new + name[len(old):]
+    return name
+
+
 def _check_compatible(
     results: dict, settings: EvalSettings, benchmarks: Mapping[str, Sequence[Problem]],
     sources: Mapping[str, str], verifier: Mapping[str, str],
@@ -171,7 +188,7 @@ def _check_compatible(
                 f"{current[key]!r}; results would mix, so evaluate into another directory"
             )
     for key, name in verifier.items():
-        if results["verifier"].get(key) != name:
+        if current_name(results["verifier"].get(key)) != name:
             raise SettingsMismatchError(
                 f"'{key}' differs: results.json was verified by {results['verifier'].get(key)!r}, "
                 f"this run uses {name!r}"

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- math-verify
-# Defined here, not in verifier_pool: an evaluation records its verifier by qualified name
+# Defined here, not in `pool`: an evaluation records its verifier by qualified name
 # (`sage_jax.rewards.verifiers.math_verify_reward`) and refuses to resume under another one.
 
 
