@@ -79,3 +79,14 @@ def test_bench_readme_tables_are_results_md():
     md, readme = open(os.path.join(here, "results.md")).read(), open(os.path.join(here, "README.md")).read()
     tables = [t for t in md.split("\n\n") if t.startswith("| shape |")]
     assert len(tables) >= 3 and all(t.strip() in readme for t in tables)
+
+
+def test_bench_readme_training_profile_is_its_results_file():
+    """The per-op profile of the training phase in the bench README is what profile_train.py renders from the
+    profile_train.json it wrote."""
+    here = os.path.join(ROOT, "experiments", "bench")
+    mod = _module(os.path.join(here, "profile_train.py"))
+    results = json.loads(open(os.path.join(here, "profile_train.json")).read())
+    assert read_block(os.path.join(here, "README.md"), "profile_train").strip() == mod.render(results).strip()
+    for r in results["shapes"].values():  # the classes partition the thunks, and the counted FLOPs are the dots'
+        assert abs(sum(r["by_class_s"].values()) - r["thunk_s"]) < 1e-6 and set(r["dot_flops"]) >= {"dot (matmul)"}
