@@ -56,12 +56,12 @@ def interleaved(fns: dict, reps: int = 5) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def op_profile(jitted, state, hlo_text: str):
-    jax.block_until_ready(jitted(state, jax.random.key(1)))
+def thunk_times(run) -> tuple[float, collections.Counter]:
+    """(wall s, seconds per XLA:CPU thunk name) of one traced call of `run()` (already compiled)."""
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
         t = time.perf_counter()
-        jax.block_until_ready(jitted(state, jax.random.key(2)))
+        jax.block_until_ready(run())
         wall = time.perf_counter() - t
         jax.profiler.stop_trace()
         path = sorted(glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True))[-1]
@@ -70,6 +70,12 @@ def op_profile(jitted, state, hlo_text: str):
     for e in events:
         if e.get("ph") == "X" and not e["name"].startswith(("Thunk", "$")):
             per_thunk[e["name"]] += e.get("dur", 0) / 1e6
+    return wall, per_thunk
+
+
+def op_profile(jitted, state, hlo_text: str):
+    jax.block_until_ready(jitted(state, jax.random.key(1)))
+    wall, per_thunk = thunk_times(lambda: jitted(state, jax.random.key(2)))
 
     def origin(name):  # (result shape, the jax op that produced the thunk)
         m = re.search(r"%" + re.escape(name) + r" = (\S+) [^\n]*?op_name=\"([^\"]+)\"", hlo_text)

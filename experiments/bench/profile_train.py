@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bench  # noqa: E402
+from profile_decode import thunk_times  # noqa: E402
 from sage_jax.rl.advantages import group_advantages  # noqa: E402
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) (\w[\w-]*)\(([^)]*)\)(.*)$", re.M)
@@ -119,18 +117,7 @@ def profile(fn, args, hlo: str, reps: int = 3) -> dict:
         t = time.perf_counter()
         jax.block_until_ready(fn(*args))
         walls.append(time.perf_counter() - t)
-    with tempfile.TemporaryDirectory() as d:
-        jax.profiler.start_trace(d)
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        traced_wall = time.perf_counter() - t
-        jax.profiler.stop_trace()
-        path = sorted(glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True))[-1]
-        events = json.load(gzip.open(path))["traceEvents"]
-    per_thunk = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and not e["name"].startswith(("Thunk", "$")):
-            per_thunk[e["name"]] += e.get("dur", 0) / 1e6
+    traced_wall, per_thunk = thunk_times(lambda: fn(*args))
     instr, comps = instructions(hlo), computations(hlo)
     cls_s, cls_flops, fusion_ops = collections.Counter(), collections.Counter(), collections.Counter()
     for k, v in per_thunk.items():
