@@ -1,4 +1,5 @@
-"""The RL step's first phase: rollout, verifier reward, DAPO's sample-level options, advantages.
+"""The RL step's first phase, itself four named steps: `sample` (generate), `verify` (the verifier's rewards
+through the host callback), `keep` (DAPO's sample-level options) and `advantages`.
 
 Dimension key (docs/design.md §5.4): N prompts trained on, k = rl.dynamic_sampling (k x N prompts sampled), G
 completions per prompt, B = N * G rows (group-contiguous), P prompt length, T completion length.
@@ -47,56 +48,101 @@ def _stopped(tokens_BxT, cmask_BxT, eos_ids) -> Array:
 
 
 def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, mesh=None) -> Rollout:
-    """Samples G completions for each of the batch's prompts, scores them and keeps the step's rows.
+    """Samples G completions for each of the batch's prompts, scores them and keeps the step's rows: the phases
+    `sample`, `verify`, `keep` (DAPO's options) and `advantages`, in that order.
 
     `cfg`: the step's RLConfig (group_size, sampling, share_prompt, scale_rewards, pass_at_k and the DAPO
     fields dynamic_sampling, overlong_buffer, overlong_penalty, overlong_filter)."""
-    G, k = cfg.group_size, cfg.dynamic_sampling
-    rows = lambda x: shd.constrain(x, ("batch",) + (None,) * (x.ndim - 1))
-    rep = lambda x: rows(jnp.repeat(x, G, axis=0))
-    prompt, pmask = rows(batch["prompt"]), rows(batch["prompt_mask"])
+    s = sample(policy, batch, key, cfg)
+    rewards, stopped, metrics = verify(s, _rep(batch["answer"], cfg.group_size), cfg, reward_host, mesh)
+    s, rewards, shaped, loss_mask, keep_metrics = keep(s, rewards, stopped, cfg)
+    adv, adv_metrics = advantages(rewards, shaped, cfg)
+    metrics = {**metrics, **keep_metrics, **{f"reward/{m}": v for m, v in adv_metrics.items()}}
+    return Rollout(s.prompt_NxP, s.pmask_NxP, s.tokens_BxT, s.cmask_BxT, loss_mask, s.raw_logp_BxT, adv, metrics)
+
+
+class Samples(NamedTuple):
+    prompt_NxP: Array
+    pmask_NxP: Array
+    tokens_BxT: Array
+    cmask_BxT: Array
+    raw_logp_BxT: Array | None
+
+
+def _rows(x):
+    return shd.constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+
+
+def _rep(x, G):
+    return _rows(jnp.repeat(x, G, axis=0))
+
+
+def sample(policy, batch: dict[str, Array], key, cfg) -> Samples:
+    """G completions per prompt, from each prompt's prefill once per group (`share_prompt`) or repeated."""
+    G = cfg.group_size
+    prompt, pmask = _rows(batch["prompt"]), _rows(batch["prompt_mask"])
     if cfg.share_prompt:
         out = generate(policy, prompt, pmask, key, cfg.sampling, group_size=G)
     else:
-        out = generate(policy, rep(batch["prompt"]), rep(batch["prompt_mask"]), key, cfg.sampling)
-    tokens, cmask, raw_logp = out.tokens_BxT, out.mask_BxT, out.raw_logp_BxT
-    rewards, failed = host_rewards(reward_host, tokens, cmask, rep(batch["answer"]), mesh)
-    lengths = cmask.sum(axis=1)
-    stopped = _stopped(tokens, cmask, cfg.sampling.eos_ids)
+        out = generate(policy, _rep(batch["prompt"], G), _rep(batch["prompt_mask"], G), key, cfg.sampling)
+    return Samples(prompt, pmask, out.tokens_BxT, out.mask_BxT, out.raw_logp_BxT)
+
+
+def verify(s: Samples, answers_BxA, cfg, reward_host: HostReward, mesh=None):
+    """(rewards_B, stopped_B, metrics): the verifier's rewards through the host callback, which rows ended with
+    an end-of-sequence token, and the rollout's length and failure counts (of every generated row)."""
+    rewards, failed = host_rewards(reward_host, s.tokens_BxT, s.cmask_BxT, answers_BxA, mesh)
+    lengths = s.cmask_BxT.sum(axis=1)
+    stopped = _stopped(s.tokens_BxT, s.cmask_BxT, cfg.sampling.eos_ids)
     metrics = {"rollout/length_mean": lengths.mean(), "rollout/length_min": lengths.min(),
                "rollout/length_max": lengths.max(), "rollout/truncated_frac": 1.0 - stopped.mean(),
-               "rollout/tokens": cmask.sum()}
+               "rollout/tokens": s.cmask_BxT.sum()}
     metrics["reward/failed"] = (failed > 0).sum()  # not verified (scored 0): the codes of rewards.FAIL_*
     for code, name in ((2, "timeouts"), (3, "gold_unparsed"), (4, "verifier_errors")):
         metrics[f"reward/{name}"] = (failed == code).sum()
+    return rewards, stopped, metrics
 
-    shaped = rewards
+
+def keep(s: Samples, rewards, stopped, cfg):
+    """DAPO's sample-level options: the overlong penalty (shaped = rewards + penalty), dynamic sampling (the N
+    groups with unequal rewards first, of k x N generated) and the overlong filter. Returns the kept
+    (samples, rewards, shaped rewards, loss mask) and their metrics; without the options, the input."""
+    G, k = cfg.group_size, cfg.dynamic_sampling
+    metrics, shaped = {}, rewards
     if cfg.overlong_buffer:
+        lengths = s.cmask_BxT.sum(axis=1)
         penalty = dapo.overlong_penalty(lengths, cfg.sampling.max_new_tokens, cfg.overlong_buffer,
                                         cfg.overlong_penalty)
         shaped = rewards + penalty
         metrics.update({"reward/overlong_penalty_mean": penalty.mean(), "reward/shaped_mean": shaped.mean()})
     keep_B = jnp.ones(rewards.shape, bool)
     if k > 1:
-        # DAPO's dynamic sampling: the generation metrics above cover all k x N groups, the rest the kept N
+        # the generation metrics above cover all k x N groups, the rest the kept N
         metrics.update({f"reward/{m}": v for m, v in group_advantages(rewards, G, cfg.scale_rewards)[1].items()})
         idx, informative, ds = dapo.select_groups(rewards, G, rewards.shape[0] // G // k)
         metrics.update({f"dynamic/{m}_groups": v for m, v in ds.items()})
         take = dapo.group_rows(idx, G)
-        prompt, pmask = rows(prompt[idx]), rows(pmask[idx])
-        tokens, cmask, rewards, shaped, stopped = (rows(x[take]) for x in (tokens, cmask, rewards, shaped, stopped))
-        raw_logp = None if raw_logp is None else rows(raw_logp[take])
+        raw = None if s.raw_logp_BxT is None else _rows(s.raw_logp_BxT[take])
+        s = Samples(_rows(s.prompt_NxP[idx]), _rows(s.pmask_NxP[idx]), _rows(s.tokens_BxT[take]),
+                    _rows(s.cmask_BxT[take]), raw)
+        rewards, shaped, stopped = (_rows(x[take]) for x in (rewards, shaped, stopped))
         keep_B = jnp.repeat(informative, G)
     if cfg.overlong_filter:
         keep_B = keep_B & stopped
         metrics["rollout/overlong_filtered"] = jnp.logical_not(stopped).sum()
+    cmask = s.cmask_BxT
     loss_mask = cmask if (k == 1 and not cfg.overlong_filter) else cmask * keep_B[:, None].astype(cmask.dtype)
+    return s, rewards, shaped, loss_mask, metrics
 
-    adv, adv_metrics = group_advantages(shaped, G, cfg.scale_rewards)
-    if cfg.pass_at_k:  # the pass@k advantage in place of the group one; correctness is the verifier's (no penalty)
-        adv, pk_metrics = pass_at_k_advantages(rewards, G, cfg.pass_at_k)
-        adv_metrics = {**adv_metrics, **pk_metrics}
-    if k > 1:  # the kept batch's statistics, beside those of the generated one
-        adv_metrics = {f"kept_{m}": v for m, v in adv_metrics.items()}
-    metrics.update({f"reward/{m}": v for m, v in adv_metrics.items()})
-    return Rollout(prompt, pmask, tokens, cmask, loss_mask, raw_logp, adv, metrics)
+
+def advantages(rewards, shaped, cfg):
+    """adv_B of the kept rows: the group advantage of the shaped rewards, or the pass@k advantage (its
+    correctness is the verifier's, without the length penalty); with dynamic sampling the metrics are the kept
+    batch's (`kept_*`), beside those of the generated one."""
+    adv, metrics = group_advantages(shaped, cfg.group_size, cfg.scale_rewards)
+    if cfg.pass_at_k:
+        adv, pk_metrics = pass_at_k_advantages(rewards, cfg.group_size, cfg.pass_at_k)
+        metrics = {**metrics, **pk_metrics}
+    if cfg.dynamic_sampling > 1:
+        metrics = {f"kept_{m}": v for m, v in metrics.items()}
+    return adv, metrics

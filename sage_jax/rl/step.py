@@ -255,10 +255,10 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig):
     sampler's log-probs, which top-k / top-p / min-p renormalise (the first ratio would be the kept mass).
 
     Both run in `rl.score_chunks` sequential row chunks of whole groups (interleaved prompts, so a batch
-    sharded over its rows keeps every device's share in every chunk), so the attention of only B / C rows is
-    live at a time. The params enter the chunk loop as its (unchanged) carry and the model is built from them
-    inside the body: an NNX transform in its blocks (a graphdef with remat) cannot update Variables of an
-    outer trace."""
+    sharded over its rows keeps every device's share in every chunk): the attention of only
+    B / score_chunks rows is live at a time. The params enter the chunk loop as its (unchanged) carry and the
+    model is built from them inside the body: an NNX transform in its blocks (a graphdef with remat) cannot
+    update Variables of an outer trace."""
     G, n_chunks = cfg.group_size, cfg.score_chunks
     temp = cfg.sampling.temperature or 1.0
     N, P = ro.prompt_NxP.shape
