@@ -57,3 +57,19 @@ def test_remat_from_config():
     assert config_lib.rl_config(c).remat == "dots"
     with pytest.raises(ValueError, match="remat"):
         R.RLConfig(remat="bogus")
+
+
+def test_rl_remat_reaches_the_training_forward_only():
+    """`rl.remat` rematerialises the blocks of the step's training forward (more remat primitives in the
+    step's program than with "none"), and leaves the model's own setting alone (its graphdef still says none)."""
+    from rl_fixtures import batch, setup
+
+    counts = {}
+    for remat in ("none", "full"):
+        _, graphdef, state, step = setup(remat=remat)
+        counts[remat] = str(jax.make_jaxpr(step)(state, batch())).count("remat")
+        assert nnx.merge(graphdef, state.params).remat == "none"
+    assert counts["full"] > counts["none"], counts
+    with pytest.raises(ValueError, match="remat"):
+        Decoder(tiny_config(hidden_size=64, num_layers=2)).forward(
+            jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2), jnp.int32), remat="bogus")

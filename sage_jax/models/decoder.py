@@ -314,8 +314,11 @@ class Decoder(nnx.Module):
 
     def forward(self, tokens_BxT: Array, positions_BxT: Array, kv_mask_BxS: Array,
                 cache: list[dict[str, Array]] | list[DecodeKV] | None = None,
-                cache_index: Array | int | None = None):
+                cache_index: Array | int | None = None, remat: str | None = None):
         """Final hidden states BxTxD (after the final norm) and the updated cache.
+
+        `remat` (none | full | dots) overrides the model's own block rematerialisation for this call: the RL
+        step's training forward passes `rl.remat` here, the no-gradient passes keep the model's.
 
         Without a cache, S == T and `kv_mask_BxS` is the attention mask. With a cache of S slots (per layer
         a dict of k, v), this chunk is written at slots [cache_index, cache_index + T) and `kv_mask_BxS`
@@ -330,7 +333,10 @@ class Decoder(nnx.Module):
         new_cache = [] if cache is not None else None
         # One-token decode steps never remat (no backward pass); a multi-token chunk over a cache may be
         # trained through (the prompt-shared scoring in sage_jax.rl.logprobs), so it remats like a cache-free call.
-        call = _block_call(self.remat if cache is None or tokens_BxT.shape[1] > 1 else "none")
+        remat = self.remat if remat is None else remat
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")
+        call = _block_call(remat if cache is None or tokens_BxT.shape[1] > 1 else "none")
         for i, layer in enumerate(self.layers):
             x, c = call(layer, x, cos, sin, kv_mask_BxS, None if cache is None else cache[i], cache_index)
             x = act(x)

@@ -66,14 +66,14 @@ def token_logp_entropy(hidden_BxTxD: Array, unembed_DxV: Array, targets_BxT: Arr
 
 
 def sequence_forward_kl(policy, reference, tokens_BxS: Array, mask_BxS: Array, completion_start: int,
-                        chunk: int = 256, temperature: float = 1.0) -> Array:
+                        chunk: int = 256, temperature: float = 1.0, remat: str | None = None) -> Array:
     """Exact forward KL(pi_ref || pi_theta) at every completion position (BxT), in sequence chunks: the
     full-vocabulary sum of `losses.forward_kl_from_logits` on both models' chunk logits. Differentiable in
     the policy; the reference is stop-gradient."""
     from sage_jax.models.decoder import positions_from_mask
 
     pos = positions_from_mask(mask_BxS)
-    h_pol = policy.forward(tokens_BxS, pos, mask_BxS)[0][:, completion_start - 1:-1]
+    h_pol = policy.forward(tokens_BxS, pos, mask_BxS, remat=remat)[0][:, completion_start - 1:-1]
     h_ref = jax.lax.stop_gradient(reference.forward(tokens_BxS, pos, mask_BxS)[0][:, completion_start - 1:-1])
     w_pol, w_ref = policy.unembed_matrix(), jax.lax.stop_gradient(reference.unembed_matrix())
 
@@ -86,7 +86,7 @@ def sequence_forward_kl(policy, reference, tokens_BxS: Array, mask_BxS: Array, c
 
 
 def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_start: int, chunk: int = 256,
-                          temperature: float = 1.0) -> tuple[Array, Array]:
+                          temperature: float = 1.0, remat: str | None = None) -> tuple[Array, Array]:
     """Log-probs / entropies of the completion tokens `tokens_BxS[:, completion_start:]`.
 
     `tokens_BxS` = left-padded prompt (P = completion_start) followed by the completion (T); returns BxT.
@@ -94,14 +94,14 @@ def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_
     """
     from sage_jax.models.decoder import positions_from_mask
 
-    hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS)
+    hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS, remat=remat)
     h = hidden[:, completion_start - 1:-1]
     return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature)
 
 
 def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, completion_BxT: Array,
-                         completion_mask_BxT: Array, chunk: int = 256,
-                         temperature: float = 1.0) -> tuple[Array, Array]:
+                         completion_mask_BxT: Array, chunk: int = 256, temperature: float = 1.0,
+                         remat: str | None = None) -> tuple[Array, Array]:
     """`sequence_logp_entropy` of B = N * G rows whose row b is prompt b // G + completion b, with each
     prompt's forward pass done once for its group (its keys / values shared by the G rows).
 
@@ -117,11 +117,11 @@ def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, compl
         raise ValueError(f"{B} completion rows are not a whole number of groups of the {N} prompts")
     pmask = prompt_mask_NxP.astype(jnp.int32)
     cache = init_cache(model.cfg, N, P, model.dtype)
-    hidden_p, cache = model.forward(prompt_NxP, positions_from_mask(pmask), pmask, cache, 0)
+    hidden_p, cache = model.forward(prompt_NxP, positions_from_mask(pmask), pmask, cache, 0, remat=remat)
     cache = repeat_cache(cache, G, T)
     full_mask = jnp.concatenate([jnp.repeat(pmask, G, axis=0), completion_mask_BxT.astype(jnp.int32)], axis=1)
     positions = positions_from_mask(full_mask)[:, P:]
-    hidden_c, _ = model.forward(completion_BxT, positions, full_mask, cache, P)
+    hidden_c, _ = model.forward(completion_BxT, positions, full_mask, cache, P, remat=remat)
     # The prompt's last position predicts completion token 0; completion position t predicts t + 1.
     h = jnp.concatenate([jnp.repeat(hidden_p[:, -1:], G, axis=0), hidden_c[:, :-1]], axis=1)
     return token_logp_entropy(h, model.unembed_matrix(), completion_BxT, chunk, temperature)

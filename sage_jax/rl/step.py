@@ -316,21 +316,20 @@ def update_scan(state: TrainState, ro: Rollout, ref_logp, ref_ent, old_logp, mer
 
     def loss_fn(params, i, step, gkey):
         model = merge(params)
-        if cfg.remat is not None:
-            model.remat = cfg.remat  # a static attribute of this traced copy only: the training forward's remat
         if state.frozen_params is not None and model.lora_cfg.dropout > 0:
             lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
         tok, fm, cm, lm = take(tokens, i), take(fmask, i), take(ro.cmask_BxT, i), take(lmask, i)
         if share_train:
             logp, ent = grouped_logp_entropy(model, take_prompts(ro.prompt_NxP, i), take_prompts(ro.pmask_NxP, i),
-                                             take(ro.tokens_BxT, i), cm, cfg.logp_chunk, temp)
+                                             take(ro.tokens_BxT, i), cm, cfg.logp_chunk, temp, remat=cfg.remat)
         else:
-            logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp)
+            logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp, remat=cfg.remat)
         inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))
         log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
-        fkl = sequence_forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp) if forward_kl else None
+        fkl = (sequence_forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp, remat=cfg.remat)
+               if forward_kl else None)
         loss, m = losses.policy_loss(logp, take(old_logp, i), take(ref_logp, i), log_q, take(ro.adv_B, i), lm,
                                      cfg.loss, num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
                                      sampler_logp_BxT=take(ro.raw_logp_BxT, i), entropy_BxT=ent)
