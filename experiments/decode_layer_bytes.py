@@ -9,7 +9,7 @@ HLO ops are then summed by class, each op counted as its operands' plus its outp
 where the excess sits, not a measurement
 (an op that reads part of an operand is counted whole; the embedding gather is left out for that reason, and
 the LM head, which reads the whole table, is its own class).
-Writes decode_layer_bytes.json beside this file and prints a Markdown table.
+Writes decode_layer_bytes.json and decode_layer_bytes.md beside this file.
 """
 
 from __future__ import annotations
@@ -108,13 +108,16 @@ def main():
     out = {"model": args.model, "rows": args.rows, "layers": layers, "step": rec, "attribution": classify(hlo, vocab)}
     with open(os.path.join(HERE, "decode_layer_bytes.json"), "w") as f:
         json.dump(out, f, indent=1)
-    print(f"{args.model} ({layers} layers), {args.rows} rows, one decode step: compiled "
-          f"{rec['bytes_accessed'] / 1e9:.2f} GB, analytic {analytic / 1e9:.2f} GB (weights "
-          f"{rec['weight_bytes'] / 1e9:.2f} + KV read {rec['kv_read_bytes'] / 1e9:.2f}), "
-          f"{rec['bytes_accessed'] / analytic:.2f}x\n")
-    print("| class (operands + output per top-level op) | GB |\n|---|---|")
-    for k, v in sorted(out["attribution"].items(), key=lambda kv: -kv[1]):
-        print(f"| {k} | {v / 1e9:.2f} |")
+    lines = [f"{args.model} ({layers} layers), {args.rows} rows, one decode step (libtpu, deviceless v5p, bf16): "
+             f"compiled {rec['bytes_accessed'] / 1e9:.2f} GB, analytic {analytic / 1e9:.2f} GB (weights "
+             f"{rec['weight_bytes'] / 1e9:.2f} + KV read {rec['kv_read_bytes'] / 1e9:.2f}), "
+             f"{rec['bytes_accessed'] / analytic:.2f}x", "",
+             "| class (operands + output per top-level op; an attribution, not a measurement) | GB |", "|---|---|"]
+    lines += [f"| {k} | {v / 1e9:.2f} |" for k, v in sorted(out["attribution"].items(), key=lambda kv: -kv[1])]
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(HERE, "decode_layer_bytes.md"), "w") as f:
+        f.write(md)
+    print(md)
 
 
 if __name__ == "__main__":
