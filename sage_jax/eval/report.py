@@ -1,4 +1,4 @@
-"""Markdown table and PNG plots of an evaluation summary (see `sage_jax.eval.evaluate.summarize`).
+"""Markdown table and PNG plots of an evaluation summary (see `sage_jax.eval.summary.summarize`).
 
 Plots are drawn on `matplotlib.figure.Figure` with the Agg canvas, so no pyplot global state or
 display backend is touched (safe in headless jobs and in notebooks alike).
