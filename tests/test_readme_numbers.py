@@ -90,3 +90,21 @@ def test_bench_readme_training_profile_is_its_results_file():
     assert read_block(os.path.join(here, "README.md"), "profile_train").strip() == mod.render(results).strip()
     for r in results["shapes"].values():  # the classes partition the thunks, and the counted FLOPs are the dots'
         assert abs(sum(r["by_class_s"].values()) - r["thunk_s"]) < 1e-6 and set(r["dot_flops"]) >= {"dot (matmul)"}
+
+
+def test_training_profile_reads_a_dots_dimensions_from_the_compiled_program():
+    """profile_train's per-dot table names each dot by the operand shapes and dimension numbers it parses from the
+    compiled HLO, and times that signature alone; a batched dot with known shapes must parse back exactly."""
+    import jax
+    import jax.numpy as jnp
+
+    mod = _module(os.path.join(ROOT, "experiments", "bench", "profile_train.py"))
+    f = jax.jit(lambda a, b: jax.lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,)))))
+    a, b = jnp.ones((3, 5, 7)), jnp.ones((3, 7, 4))
+    instr = mod.instructions(f.lower(a, b).compile().as_text())
+    dots = [n for n, v in instr.items() if v[1] == "dot"]
+    assert len(dots) == 1
+    sig = mod.dot_dims(instr, dots[0])
+    assert sig == ((3, 5, 7), (3, 7, 4), (2,), (1,), (0,), (0,))
+    assert mod.dot_flops(instr, dots[0]) == (2.0 * 3 * 5 * 4 * 7, True)
+    assert mod.standalone_gflops(sig, reps=2) > 0

@@ -56,8 +56,10 @@ def interleaved(fns: dict, reps: int = 5) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def thunk_times(run) -> tuple[float, collections.Counter]:
-    """(wall s, seconds per XLA:CPU thunk name) of one traced call of `run()` (already compiled)."""
+def thunk_times(run, shares: bool = False):
+    """(wall s, seconds per XLA:CPU thunk name) of one traced call of `run()` (already compiled); with
+    `shares`, also each thunk's share of the wall: while k thunks run at once, each is charged 1/k of the time,
+    so the shares add up to the time any thunk ran and a thunk slowed by a concurrent one is not charged twice."""
     with tempfile.TemporaryDirectory() as d:
         jax.profiler.start_trace(d)
         t = time.perf_counter()
@@ -66,11 +68,28 @@ def thunk_times(run) -> tuple[float, collections.Counter]:
         jax.profiler.stop_trace()
         path = sorted(glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True))[-1]
         events = json.load(gzip.open(path))["traceEvents"]
+    spans = [(e["name"], e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+             if e.get("ph") == "X" and not e["name"].startswith(("Thunk", "$"))]
     per_thunk = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and not e["name"].startswith(("Thunk", "$")):
-            per_thunk[e["name"]] += e.get("dur", 0) / 1e6
-    return wall, per_thunk
+    for name, start, end in spans:
+        per_thunk[name] += (end - start) / 1e6
+    return (wall, per_thunk, wall_shares(spans)) if shares else (wall, per_thunk)
+
+
+def wall_shares(spans) -> collections.Counter:
+    """Per name, the sum over its (name, start, end) spans of 1 / (spans running at that instant) dt, in s."""
+    edges = sorted({t for _, s, e in spans for t in (s, e)})
+    out = collections.Counter()
+    if len(edges) < 2:
+        return out
+    index = {t: i for i, t in enumerate(edges)}
+    count = [0] * len(edges)  # spans running in [edges[i], edges[i + 1])
+    for _, s, e in spans:
+        for i in range(index[s], index[e]):
+            count[i] += 1
+    for name, s, e in spans:
+        out[name] += sum((edges[i + 1] - edges[i]) / count[i] for i in range(index[s], index[e])) / 1e6
+    return out
 
 
 def op_profile(jitted, state, hlo_text: str):
