@@ -88,3 +88,37 @@ def test_chunks_hold_fewer_score_bytes():
 def test_negative_chunk_is_refused():
     with pytest.raises(ValueError, match="attention chunk"):
         _model(-1)
+
+
+def test_attention_softmax_derivative_is_the_softmax_jacobian_without_division():
+    """The attention softmax (`decoder._softmax`) gives the probabilities and the vector-Jacobian product of the
+    softmax differentiated through its quotient (fp32), also on a fully masked row (uniform, finite); and its
+    backward holds no division over the scores' shape (the quotient rule's backward holds several)."""
+    from sage_jax.models.decoder import _NEG_INF, _softmax
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 5, 7)) * 4, jnp.float32)
+    mask = np.ones((3, 5, 7), bool)
+    mask[0, 1, 4:] = False
+    mask[2, 3, :] = False  # a padding query row
+    g = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.float32)
+
+    def quotient(x):  # the textbook softmax, differentiated by autodiff through exp and the division
+        z = jnp.where(mask, x, _NEG_INF)
+        e = jnp.exp(z - jax.lax.stop_gradient(z.max(-1, keepdims=True)))
+        return e / e.sum(-1, keepdims=True)
+
+    y, vjp = jax.vjp(lambda x: _softmax(x, mask, jnp.float32), x)
+    y_ref, vjp_ref = jax.vjp(quotient, x)
+    np.testing.assert_allclose(y, y_ref, atol=1e-6)
+    np.testing.assert_allclose(y[2, 3], np.full(7, 1 / 7), atol=1e-6)
+    np.testing.assert_allclose(vjp(g)[0], vjp_ref(g)[0], atol=1e-6)
+    _, jvp_out = jax.jvp(lambda x: _softmax(x, mask, jnp.float32), (x,), (g,))  # forward mode agrees too
+    np.testing.assert_allclose(jvp_out, jax.jvp(quotient, (x,), (g,))[1], atol=1e-6)
+
+    def full_shape_divisions(f):
+        jaxpr = jax.make_jaxpr(jax.grad(lambda x: (f(x) * g).sum()))(x)
+        return sum(e.primitive.name == "div" and e.outvars[0].aval.shape == x.shape for e in jaxpr.jaxpr.eqns)
+
+    assert full_shape_divisions(quotient) > 1  # the check can see the quotient rule's backward
+    assert full_shape_divisions(lambda x: _softmax(x, mask, jnp.float32)) <= 1  # the forward's e / sum only

@@ -167,7 +167,24 @@ def _attend(qg_BxTxKxGxDh, k, v, mask_BxTxS, kv_spec, dtype):
 
 def _softmax(scores, mask, dtype):
     """Masked softmax over the last axis in float32, cast back to the compute dtype."""
-    return jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), _NEG_INF), axis=-1).astype(dtype)
+    return _softmax_last(jnp.where(mask, scores.astype(jnp.float32), _NEG_INF)).astype(dtype)
+
+
+@jax.custom_jvp
+def _softmax_last(x):
+    """Softmax over the last axis whose derivative is written in terms of its output, dx = y * (g - sum(y g)).
+    `jax.nn.softmax` differentiates through its division unless `jax_softmax_custom_jvp` is set (off by
+    default in jax 0.10): its backward keeps exp(x - max) and the sum, and on XLA:CPU the fused quotient-rule
+    backward of the attention probabilities was the training phase's slowest fusion (bench README, item 10)."""
+    e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+@_softmax_last.defjvp
+def _softmax_last_jvp(primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    y = _softmax_last(x)
+    return y, y * (x_dot - jnp.sum(y * x_dot, axis=-1, keepdims=True))
 
 
 def _write(cache_BxKxSxDh, x_BxTxKxDh, index):
