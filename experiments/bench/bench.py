@@ -227,17 +227,21 @@ def time_phases(s: Setup, reps: int):
 
 
 # ------------------------------------------------------------------------------------------ roofline
-def matmul_gflops(m, k, n, reps=5, dtype=jnp.float32):
-    a = jax.random.normal(jax.random.key(0), (m, k), dtype)
-    b = jax.random.normal(jax.random.key(1), (k, n), dtype)
-    f = jax.jit(lambda a, b: a @ b)
-    jax.block_until_ready(f(a, b))
+def call_seconds(f, *args, reps=5, pick=min):
+    """Seconds of one call of the jitted `f` after a compile call: `pick` (min or a median) of `reps` calls."""
+    jax.block_until_ready(f(*args))
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
-        jax.block_until_ready(f(a, b))
+        jax.block_until_ready(f(*args))
         ts.append(time.perf_counter() - t)
-    return 2 * m * k * n / min(ts) / 1e9
+    return pick(ts)
+
+
+def matmul_gflops(m, k, n, reps=5, dtype=jnp.float32):
+    a = jax.random.normal(jax.random.key(0), (m, k), dtype)
+    b = jax.random.normal(jax.random.key(1), (k, n), dtype)
+    return 2 * m * k * n / call_seconds(jax.jit(lambda a, b: a @ b), a, b, reps=reps) / 1e9
 
 
 def flops(mcfg, B, P, T, N=None, segments=1):

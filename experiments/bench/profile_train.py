@@ -84,15 +84,10 @@ def standalone_gflops(sig: tuple, reps: int = 5) -> float:
     a = jax.random.normal(jax.random.key(0), lhs, jnp.float32)
     b = jax.random.normal(jax.random.key(1), rhs, jnp.float32)
     f = jax.jit(lambda a, b: jax.lax.dot_general(a, b, ((lc, rc), (lb, rb))))
-    jax.block_until_ready(f(a, b))
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        times.append(time.perf_counter() - t)
+    seconds = bench.call_seconds(f, a, b, reps=reps, pick=statistics.median)
     k = int(np.prod([lhs[d] for d in lc])) if lc else 1
     out = int(np.prod(jax.eval_shape(f, a, b).shape))
-    return 2.0 * out * k / statistics.median(times) / 1e9
+    return 2.0 * out * k / seconds / 1e9
 
 
 def computations(hlo: str) -> dict:

@@ -92,9 +92,20 @@ def _color(i: int) -> str:
     return f"C{i % 10}"
 
 
-def _grid(num: int) -> tuple[int, int]:
+def _panel_axes(num: int, width: float, height: float) -> tuple[Figure, Any]:
+    """A figure of `num` panels, at most 3 a row, each `width` x `height` inches; its axes flattened."""
     cols = min(num, 3)
-    return (num + cols - 1) // cols, cols
+    rows = (num + cols - 1) // cols
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    return fig, fig.subplots(rows, cols, squeeze=False).ravel()
+
+
+def _finish_panels(fig: Figure, axes: Any, used: int, path: str | os.PathLike) -> None:
+    """Hide the grid's unused axes, put the legend on the first panel and save the figure."""
+    for ax in axes[used:]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=8)
+    _save(fig, Path(path))
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -105,9 +116,7 @@ def _save(fig: Figure, path: Path) -> None:
 def plot_pass_at_k(summary: Mapping[str, Any], path: str | os.PathLike) -> None:
     """pass@k against k (log2 axis), one line per model with its CI band, a panel per benchmark."""
     panels = _panels(summary)
-    rows, cols = _grid(len(panels))
-    fig = Figure(figsize=(4.5 * cols, 3.6 * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    fig, axes = _panel_axes(len(panels), 4.5, 3.6)
     for ax, (bench, ks) in zip(axes, panels):
         for i, (model, per_bench) in enumerate(summary["models"].items()):
             stats = per_bench.get(bench)
@@ -125,18 +134,13 @@ def plot_pass_at_k(summary: Mapping[str, Any], path: str | os.PathLike) -> None:
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(_title(summary, bench))
         ax.grid(alpha=0.3)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize=8)
-    _save(fig, Path(path))
+    _finish_panels(fig, axes, len(panels), path)
 
 
 def plot_pass1_vs_passk(summary: Mapping[str, Any], path: str | os.PathLike) -> None:
     """pass@1 against pass@k_max, a point per model with CI error bars, a panel per benchmark."""
     panels = _panels(summary)
-    rows, cols = _grid(len(panels))
-    fig = Figure(figsize=(4.2 * cols, 3.8 * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    fig, axes = _panel_axes(len(panels), 4.2, 3.8)
     for ax, (bench, ks) in zip(axes, panels):
         kmax = ks[-1]
         for i, (model, per_bench) in enumerate(summary["models"].items()):
@@ -156,10 +160,7 @@ def plot_pass1_vs_passk(summary: Mapping[str, Any], path: str | os.PathLike) -> 
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(_title(summary, bench))
         ax.grid(alpha=0.3)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize=8)
-    _save(fig, Path(path))
+    _finish_panels(fig, axes, len(panels), path)
 
 
 def write_reports(summary: Mapping[str, Any], eval_dir: str | os.PathLike,
