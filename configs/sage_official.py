@@ -9,7 +9,8 @@ the base, adapters off), bf16 compute, fp32 adapters (PEFT's default). AdamW lr 
 beta 0.05 (k3 against the branch-guided anchor), eps 0.2 / 0.2, group std with Bessel's correction. A
 generation batch is 2 prompts x 8 completions, split into 2 optimiser steps (so 500 RL steps here);
 temperature 1, top-p 1, min_p 0.01, stop after "</SOLUTION>" (kept), prompts <= 2048 and completions
-<= 6144 tokens; TRL's vLLM importance weight capped at 2.0. The official system prompt and the official
+<= 6144 tokens; TRL's vLLM importance weight capped at 2.0; each update a random half of the generation
+batch's rows (TRL's shuffle before the split). Evaluation generates until EOS, without the stop string. The official system prompt and the official
 reward (math-verify on the whole completion, 0 on any exception). Training data: open-r1's
 DAPO-Math-17k-Processed, config en. tests/test_official_recipe.py compares every field with the official
 values and lists the deviations with their reasons.
@@ -74,7 +75,11 @@ def get_config(arg=None):
     c.rl.scale_rewards = "group"
     c.rl.num_iterations = 1
     c.rl.num_minibatches = UPDATES_PER_GENERATION
-    c.rl.tis_cap = 2.0  # TRL 0.23 vllm_importance_sampling_correction with vllm_importance_sampling_cap 2.0
+    # TRL 0.23 shuffles the 16-row generation batch before splitting it into the 2 updates: each update is a
+    # random 8 rows of both prompts (the training forward still computes each prompt once, for 8 rows)
+    c.rl.update_shuffle = "rows"
+    # TRL 0.23 vllm_importance_sampling_correction: token level, weight capped at 2.0
+    c.rl.sampler_correction = "trl_0.23"
     c.rl.reward = "math_verify_text"
     c.rl.logp_chunk = 512
     c.rl.score_chunks = 2  # the reference pass one prompt group at a time (memory only; the same numbers)
@@ -104,6 +109,7 @@ def get_config(arg=None):
     c.eval.max_new_tokens = 6144
     c.eval.batch_size = 64
     c.eval.template = "chat:" + OFFICIAL_EVAL_USER
+    c.eval.stop_strings = ()  # the official evaluation generates until EOS (its </SOLUTION> stop is training's)
     c.eval.at_start = False
     c.eval.at_end = False
     c.eval.num_problems = 0  # all

@@ -82,15 +82,22 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.beta = 0.05  # KL coefficient; 0 = no KL term (no reference pass, no reference weights)
     c.rl.estimator = "k3"  # k1 | k2 | k3
     c.rl.kl_mode = "reverse"  # reverse (shaped anchor) | forward (exact, to pi_ref)
-    c.rl.loss_type = "grpo"  # grpo | bnpo | dr_grpo | dapo
+    c.rl.loss_type = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (CISPO's weight capped at rl.eps_high)
     c.rl.dapo_normalizer = "generation"  # dapo, M > 1: generation (TRL 0.23, reference) | window (TRL >= 1.x)
     c.rl.eps_low = 0.2
     c.rl.eps_high = 0.2
     c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
     c.rl.tis_cap = ml_collections.config_dict.placeholder(float)  # sampler importance weight cap (TRL: 2.0); None = off
-    c.rl.mis_bounds = ()  # (lo, hi): drop the policy gradient where the sampler weight leaves it; () = off
-    c.rl.mismatch_level = "token"  # the sampler weight of tis_cap / mis_bounds: token | sequence | geometric
+    c.rl.mis_bounds = ()  # (lo, hi): masked IS, the sampler weight inside, 0 outside (TRL token/sequence_mask); () = off
+    c.rl.rs_bounds = ()  # (lo, hi): rejection only, weight 1 inside, 0 outside (verl rollout_rs); () = off
+    c.rl.mismatch_level = "token"  # the sampler weight of tis_cap / mis_bounds / rs_bounds: token | sequence | geometric
+    # a named sampler correction in place of the three fields above: trl_0.23 (token TIS, cap 2) | trl_1.16
+    # (sequence_mask, weight kept up to 3, TRL's default since 1.6); "" = the fields as set
+    c.rl.sampler_correction = ""
+    c.rl.opsm_threshold = ml_collections.config_dict.placeholder(float)  # off-policy sequence masking (nats); None = off
     c.rl.entropy_top_frac = 1.0  # policy gradient only on this top fraction of tokens by entropy; 1 = all
+    c.rl.entropy_coef = 0.0  # entropy bonus: minus this times the mean token entropy (TRL entropy_coef); 0 = off
+    c.rl.update_shuffle = "none"  # the minibatches' rows: none (batch order) | groups | rows (TRL 0.23's shuffle)
     c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
     c.rl.scale_rewards = "group"  # group | batch | none
     c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
@@ -144,6 +151,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.eval.model_list = ""  # the same from the command line: 'NAME=DIR,NAME=DIR' (added after eval.models)
     c.eval.benchmarks = "procedural_arithmetic:test"
     c.eval.template = ""  # the evaluation prompt's template (as data.template); "" = data.template
+    c.eval.stop_strings = ()  # text that ends an evaluation completion (kept); its own list, not rollout.stop_strings
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one entry may be -1
@@ -201,11 +209,11 @@ def guide_config(c):
 
 
 def _stop_string_list(c) -> tuple[str, ...]:
-    strings = c.rollout.get("stop_strings", ()) or ()
-    strings = (strings,) if isinstance(strings, str) else tuple(strings)
-    if any(not isinstance(s, str) or not s for s in strings):
-        raise ConfigValidationError(f"rollout.stop_strings={strings!r}: each must be a non-empty string")
-    return strings
+    from sage_jax.eval.benchmarks import string_list
+    try:
+        return string_list(c.rollout.stop_strings, "rollout.stop_strings")
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None
 
 
 def stop_strings(c, tokenizer, vocab_size: int):
@@ -229,15 +237,33 @@ def sampling_config(c, eos_ids, pad_id, stop=None, validating=False) -> Sampling
         raise ConfigValidationError(f"rollout: {e}") from None
 
 
+def sampler_correction_fields(c) -> dict:
+    """tis_cap, mis_bounds, rs_bounds and mismatch_level: as set, or from the named `rl.sampler_correction`."""
+    r = c.rl
+    fields = dict(tis_cap=r.tis_cap, mis_bounds=tuple(r.mis_bounds) or None, rs_bounds=tuple(r.rs_bounds) or None,
+                  mismatch_level=r.mismatch_level)
+    name = r.sampler_correction
+    if not name:
+        return fields
+    if name not in losses.SAMPLER_CORRECTIONS:
+        raise ConfigValidationError(f"rl.sampler_correction={name!r} is not one of "
+                                    f"{sorted(losses.SAMPLER_CORRECTIONS)} (or '' for the fields as set)")
+    set_here = [k for k in ("tis_cap", "mis_bounds", "rs_bounds") if fields[k] is not None]
+    if set_here:
+        raise ConfigValidationError(f"rl.sampler_correction={name!r} and rl.{set_here[0]} both set: the preset "
+                                    "sets the correction; use one")
+    return {**fields, **losses.SAMPLER_CORRECTIONS[name]}
+
+
 def loss_config(c) -> losses.LossConfig:
     r = c.rl
     try:
         return losses.LossConfig(loss_type=r.loss_type, beta=r.beta, estimator=r.estimator, kl_mode=r.kl_mode,
                                  eps_low=r.eps_low, eps_high=r.eps_high, delta=r.delta,
-                                 importance_sampling_level=r.importance_sampling_level, tis_cap=r.get("tis_cap"),
-                                 mis_bounds=tuple(r.mis_bounds) or None, mismatch_level=r.mismatch_level,
-                                 entropy_top_frac=r.entropy_top_frac, sage_form=c.sage.form,
-                                 max_completion_length=c.rollout.max_new_tokens)
+                                 importance_sampling_level=r.importance_sampling_level,
+                                 opsm_threshold=r.opsm_threshold, entropy_top_frac=r.entropy_top_frac,
+                                 entropy_coef=r.entropy_coef, sage_form=c.sage.form,
+                                 max_completion_length=c.rollout.max_new_tokens, **sampler_correction_fields(c))
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
 
@@ -256,7 +282,7 @@ def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
                         dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k,
                         score_chunks=c.rl.score_chunks, dynamic_sampling=c.rl.dynamic_sampling,
                         overlong_buffer=c.rl.overlong_buffer, overlong_penalty=c.rl.overlong_penalty,
-                        overlong_filter=c.rl.overlong_filter)
+                        overlong_filter=c.rl.overlong_filter, update_shuffle=c.rl.update_shuffle)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
 
@@ -281,6 +307,11 @@ def validate_eval(c) -> None:
         raise ConfigValidationError(f"eval.top_p={e.top_p} must be in (0, 1]")
     if c.eval_every < 0:
         raise ConfigValidationError(f"eval_every={c.eval_every} must be >= 0")
+    from sage_jax.eval.benchmarks import string_list
+    try:
+        string_list(e.stop_strings, "eval.stop_strings")
+    except ValueError as err:
+        raise ConfigValidationError(str(err)) from None
     from sage_jax.data.templates import format_prompt
     for field, t in (("data.template", c.data.template), ("eval.template", e.get("template"))):
         try:
@@ -317,8 +348,8 @@ def validate(c, num_devices: int | None = None) -> None:
     if not c.model.path:
         raise ConfigValidationError("model.path is empty: give an HF directory (or a hub id when online)")
     path = c.model.path
-    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~"))
-    if not os.path.isdir(path) and not hub_id:
+    from sage_jax.models.hf import is_hub_id
+    if not os.path.isdir(path) and not is_hub_id(path):
         raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
     if c.model.attention_chunk < 0:

@@ -74,6 +74,8 @@ class SampleOutput(NamedTuple):
     # float32, 0 where mask == 0: the sampled token's log-prob under the temperature-scaled distribution before
     # top-k / top-p / min-p (what the trainer's forward computes; `logp_BxT` is after the filters)
     raw_logp_BxT: Array | None = None
+    # bool: the row ended with an end-of-sequence id or a stop string (else it was truncated at max_new_tokens)
+    stopped_B: Array | None = None
 
 
 def filter_logits(logits_BxV: Array, cfg: SamplingConfig) -> Array:
@@ -193,8 +195,8 @@ def generate(model, prompt_NxP: Array, prompt_mask_NxP: Array, key: Array, cfg: 
         state, cur = jax.lax.while_loop(running, step, (state, cur))
         past = [(pk + (c["k"],), pv + (c["v"],)) for (pk, pv), c in zip(past, cur)]
         start += length
-    t, tokens, logps, ents, mask = state[:5]
-    return SampleOutput(tokens, mask, logps, ents, t, state[7])
+    t, tokens, logps, ents, mask, done = state[:6]
+    return SampleOutput(tokens, mask, logps, ents, t, state[7], done)
 
 
 def make_generate_fn(graphdef: nnx.GraphDef, cfg: SamplingConfig, cache_dtype=None):

@@ -16,35 +16,54 @@ def np_dkl_dlp(lp, ref, logq, est):
 
 
 def np_weights(m, loss_type, n_batch=None, tmax=None):
-    """Aggregation weight of each real token: loss = sum_bt w_bt l_bt."""
+    """Aggregation weight of each real token: loss = sum_bt w_bt l_bt. A row without loss tokens is not a row
+    of the batch (grpo's mean over sequences and dr_grpo's B count the kept rows only)."""
     B, T = m.shape
+    kept_rows = max(sum(1 for b in range(B) if m[b].any()), 1)
     w = np.zeros((B, T))
     for b in range(B):
         for t in range(T):
             if not m[b, t]:
                 continue
             if loss_type == "grpo":
-                w[b, t] = 1.0 / (max(m[b].sum(), 1) * B)
+                w[b, t] = 1.0 / (m[b].sum() * kept_rows)
             elif loss_type == "bnpo":
                 w[b, t] = 1.0 / max(m.sum(), 1)
             elif loss_type == "dr_grpo":
-                w[b, t] = 1.0 / (B * (T if tmax is None else tmax))
-            else:
+                w[b, t] = 1.0 / (kept_rows * (T if tmax is None else tmax))
+            else:  # dapo, cispo: the generation batch's tokens
                 w[b, t] = 1.0 / max(m.sum() if n_batch is None else n_batch, 1)
     return w
 
 
-def np_sampler_weights(old, sampler, m, level):
-    """The sampler weight of each real token: its own, or its sequence's product / geometric mean."""
-    B, T = old.shape
-    ws = np.zeros((B, T))
-    for b in range(B):
-        idx = [t for t in range(T) if m[b, t]]
-        total = sum(old[b, t] - sampler[b, t] for t in idx)
-        for t in idx:
-            ws[b, t] = np.exp({"token": old[b, t] - sampler[b, t], "sequence": total,
-                               "geometric": total / max(len(idx), 1)}[level])
-    return ws
+def np_sampler_ratio(old, sampler, m, b, t, level):
+    """The sampler/trainer importance ratio pi_old / pi_sampler of token (b, t): of the token itself, of its
+    whole sequence (the product of the token ratios, TRL's sequence modes), or its geometric mean (verl)."""
+    idx = [u for u in range(m.shape[1]) if m[b, u]]
+    log_r = {"token": old[b, t] - sampler[b, t],
+             "sequence": sum(old[b, u] - sampler[b, u] for u in idx),
+             "geometric": sum(old[b, u] - sampler[b, u] for u in idx) / max(len(idx), 1)}[level]
+    return float(np.exp(log_r))
+
+
+def np_correction(cfg, ratio, seq_kl, adv):
+    """The weight of a token's policy-gradient term, from the published definitions:
+    TRL token_truncate / sequence_truncate (TIS, Yao et al.): min(ratio, cap);
+    TRL token_mask / sequence_mask, verl mask mode with IS, IcePop (MIS): ratio inside [lo, hi], else 0;
+    verl rollout_rs (rejection only): 1 inside [lo, hi], else 0;
+    TRL off_policy_mask_threshold (OPSM, DeepSeek-V3.2 eq. 9): 0 for the whole sequence when A < 0 and its
+    mean_t (log pi_sampler - log pi_theta) > threshold."""
+    w = 1.0
+    if cfg.tis_cap is not None:
+        w = min(ratio, cfg.tis_cap)
+    elif cfg.mis_bounds is not None:
+        w = ratio
+    bounds = cfg.mis_bounds if cfg.mis_bounds is not None else cfg.rs_bounds
+    if bounds is not None and not bounds[0] <= ratio <= bounds[1]:
+        w = 0.0
+    if cfg.opsm_threshold is not None and adv < 0 and seq_kl > cfg.opsm_threshold:
+        w = 0.0
+    return w
 
 
 def np_selected(ent, m, frac):
@@ -64,47 +83,60 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None, 
     loss = pg_loss = kl_loss = 0.0
     grad = np.zeros((B, T))
     n_tok = max(m.sum(), 1)
-    kl_sum = ratio_sum = low = high = tis_sum = tis_capped = mis_masked = mismatch = 0.0
-    correcting = cfg.tis_cap is not None or cfg.mis_bounds is not None
-    ws = np_sampler_weights(old, sampler, m, cfg.mismatch_level) if correcting else None
+    kl_sum = ratio_sum = low = high = corr_sum = tis_capped = band_out = mismatch = opsm = 0.0
+    correcting = cfg.tis_cap is not None or cfg.mis_bounds is not None or cfg.rs_bounds is not None
+    with_sampler = correcting or cfg.opsm_threshold is not None
     selected = np_selected(ent, m, cfg.entropy_top_frac) if cfg.entropy_top_frac < 1 else m.astype(bool)
     for b in range(B):
         idx = [t for t in range(T) if m[b, t]]
         n = max(len(idx), 1)
         A = adv[b]
         seq_lr = sum(lp[b, t] - old[b, t] for t in idx) / n
+        seq_kl = sum(sampler[b, t] - lp[b, t] for t in idx) / n if with_sampler else 0.0
         for t in idx:
             lr = seq_lr if cfg.importance_sampling_level == "sequence" else lp[b, t] - old[b, t]
             r = np.exp(lr)
-            r1 = r if delta is None else min(r, delta)
-            r2 = min(max(r, 1 - el), 1 + eh)
-            if r1 * A <= r2 * A:
-                pg = -r1 * A
-                dpg_dlr = -A * r * (1.0 if (delta is None or r < delta) else 0.0)
+            if cfg.loss_type == "cispo":  # TRL: -clamp(r, max=epsilon_high).detach() * A * logp
+                pg = -min(r, eh) * A * lp[b, t]
+                dpg_dlp_own, dpg_dlr = -min(r, eh) * A, 0.0
             else:
-                pg = -r2 * A
-                dpg_dlr = -A * r * (1.0 if (1 - el < r < 1 + eh) else 0.0)
-            if correcting:
-                d = old[b, t] - sampler[b, t]
-                mismatch += np.exp(-d) - 1 + d
-            if cfg.tis_cap is not None:  # TRL: per_token_loss * clamp(exp(old - sampling), max=cap), then + beta kl
-                tis = min(ws[b, t], cfg.tis_cap)
-                tis_sum += tis
-                tis_capped += float(ws[b, t] > cfg.tis_cap)
-                pg, dpg_dlr = pg * tis, dpg_dlr * tis
-            if cfg.mis_bounds is not None and not cfg.mis_bounds[0] <= ws[b, t] <= cfg.mis_bounds[1]:
-                pg, dpg_dlr = 0.0, 0.0
-                mis_masked += 1
+                r1 = r if delta is None else min(r, delta)
+                r2 = min(max(r, 1 - el), 1 + eh)
+                dpg_dlp_own = 0.0
+                if r1 * A <= r2 * A:
+                    pg = -r1 * A
+                    dpg_dlr = -A * r * (1.0 if (delta is None or r < delta) else 0.0)
+                else:
+                    pg = -r2 * A
+                    dpg_dlr = -A * r * (1.0 if (1 - el < r < 1 + eh) else 0.0)
+            if with_sampler:
+                d = old[b, t] - sampler[b, t]  # log (pi_trainer / pi_sampler) of a token the sampler drew
+                mismatch += np.exp(d) - 1 - d  # k3 (Schulman): unbiased for KL(sampler || trainer)
+                ratio_s = np_sampler_ratio(old, sampler, m, b, t, cfg.mismatch_level)
+                corr = np_correction(cfg, ratio_s, seq_kl, A)
+                corr_sum += corr
+                if cfg.tis_cap is not None:
+                    tis_capped += float(ratio_s > cfg.tis_cap)
+                bounds = cfg.mis_bounds if cfg.mis_bounds is not None else cfg.rs_bounds
+                if bounds is not None:
+                    band_out += float(not bounds[0] <= ratio_s <= bounds[1])
+                if cfg.opsm_threshold is not None:
+                    opsm += float(A < 0 and seq_kl > cfg.opsm_threshold)
+                pg, dpg_dlr, dpg_dlp_own = pg * corr, dpg_dlr * corr, dpg_dlp_own * corr
             if not selected[b, t]:
-                pg, dpg_dlr = 0.0, 0.0
+                pg, dpg_dlr, dpg_dlp_own = 0.0, 0.0, 0.0
             kl = np_kl(lp[b, t], ref[b, t], logq[b, t], cfg.estimator) if cfg.beta else 0.0
             loss += w[b, t] * (pg + cfg.beta * kl)
             pg_loss += w[b, t] * pg
             kl_loss += w[b, t] * cfg.beta * kl
             kl_sum += kl
             ratio_sum += r
-            low += float(r < 1 - el and A < 0)
-            high += float(r > 1 + eh and A > 0)
+            if cfg.loss_type == "cispo":  # TRL's cispo_clip_ratio: the weight capped, on positive advantages
+                high += float(r > eh and A > 0)
+            else:
+                low += float(r < 1 - el and A < 0)
+                high += float(r > 1 + eh and A > 0)
+            grad[b, t] += w[b, t] * dpg_dlp_own
             if cfg.beta:
                 grad[b, t] += w[b, t] * cfg.beta * np_dkl_dlp(lp[b, t], ref[b, t], logq[b, t],
                                                               cfg.estimator)
@@ -114,19 +146,32 @@ def np_policy_loss(lp, old, ref, logq, adv, m, cfg, n_batch=None, sampler=None, 
                     grad[b, t2] += w[b, t] * dpg_dlr / n
             else:
                 grad[b, t] += w[b, t] * dpg_dlr
-    metrics = dict(loss=loss, pg_loss=pg_loss, ratio_mean=ratio_sum / n_tok,
+    metrics = dict(pg_loss=pg_loss, ratio_mean=ratio_sum / n_tok,
                    clip_low=low / n_tok, clip_high=high / n_tok,
                    clip_region=(low + high) / n_tok)
     if cfg.beta:
         metrics.update(kl=kl_sum / n_tok, kl_loss=kl_loss)
-    if correcting:
+    if with_sampler:
         metrics.update(mismatch_kl=mismatch / n_tok)
+    if correcting:
+        metrics.update(is_weight_mean=corr_sum / n_tok)
     if cfg.tis_cap is not None:
-        metrics.update(tis_weight_mean=tis_sum / n_tok, tis_capped=tis_capped / n_tok)
+        metrics.update(tis_capped=tis_capped / n_tok)
     if cfg.mis_bounds is not None:
-        metrics.update(mis_masked=mis_masked / n_tok)
+        metrics.update(mis_masked=band_out / n_tok)
+    if cfg.rs_bounds is not None:
+        metrics.update(rs_masked=band_out / n_tok)
+    if cfg.opsm_threshold is not None:
+        metrics.update(opsm_masked=opsm / n_tok)
     if cfg.entropy_top_frac < 1:
         metrics.update(pg_token_frac=(selected & m.astype(bool)).sum() / n_tok)
+    if cfg.entropy_coef > 0:  # TRL: the mean entropy of the effective mask (dapo / cispo: per batch token)
+        sel = selected & m.astype(bool)
+        denom = (m.sum() if n_batch is None else n_batch) if cfg.loss_type in ("dapo", "cispo") else sel.sum()
+        ent_loss = -cfg.entropy_coef * sum(ent[b, t] for b in range(B) for t in range(T) if sel[b, t]) / max(denom, 1)
+        loss += ent_loss
+        metrics.update(entropy_loss=ent_loss)
+    metrics["loss"] = loss
     return loss, metrics, grad
 
 

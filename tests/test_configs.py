@@ -118,7 +118,7 @@ def test_dapo_preset_is_the_published_recipe():
     (lambda c: setattr(c.rl, "mismatch_level", "batch"), "mismatch_level"),
     (lambda c: setattr(c.rl, "entropy_top_frac", 0.0), "entropy_top_frac"),
     (lambda c: setattr(c.rl, "pass_at_k", 9), "pass_at_k"),  # tiny.py: groups of 8
-    (lambda c: setattr(c.sage, "form", "objective"), "sage_form"),
+    (lambda c: setattr(c.sage, "form", "objective"), "sage.form"),
     (lambda c: setattr(c.rl, "score_chunks", 3), "rl.score_chunks"),  # 8 prompts
     (lambda c: setattr(c.rl, "dynamic_sampling", 0), "rl.dynamic_sampling"),
     (lambda c: setattr(c.model, "attention_chunk", -1), "model.attention_chunk"),

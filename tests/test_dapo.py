@@ -124,20 +124,79 @@ def test_overlong_filter_and_penalty_in_the_rollout():
     assert int(ro.metrics["rollout/overlong_filtered"]) == int((~stopped).sum())
 
 
-def test_overlong_filter_drops_truncated_rows_from_the_update():
-    # Nothing can stop (the end token is one the model never samples): every row is truncated, so the
-    # filtered loss reads no token and the update is exactly zero; unfiltered, the same rollout trains.
+def test_an_update_with_nothing_to_train_on_is_no_optimizer_step():
+    """Every row truncated (the end token is one the model never samples) and filtered out: no loss token. Under
+    AdamW with weight decay a zero-gradient step still moves the parameters (momentum, decay) and advances the
+    step (lr and guide schedules): it must not happen at all. Unfiltered, the same rollout trains."""
     never = SamplingConfig(max_new_tokens=6, eos_ids=(10_000,), pad_id=0, decode_segments=1)
     for filt in (True, False):
         cfg, graphdef, state, step = setup(sampling=never, overlong_filter=filt, dynamic_sampling=2,
-                                           tx=optax.sgd(1e-2))  # no weight decay: zero gradient, no move
+                                           tx=optax.adamw(1e-2, weight_decay=0.1))
+        state, _ = step(state, batch())  # a first step with signal would give Adam a momentum; here none
         before = jax.tree.map(np.asarray, state.params)
+        opt_before = jax.tree.map(np.asarray, state.opt_state)
+        step0 = int(state.step)
         state, m = step(state, batch())
         assert float(m["rollout/truncated_frac"]) == 1.0
         moved = max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(jax.tree.leaves(state.params),
                                                                            jax.tree.leaves(before)))
-        assert (moved == 0.0) == filt and (float(m["train/grad_norm"]) == 0.0) == filt
+        assert (moved == 0.0) == filt
+        assert int(state.step) == step0 + (0 if filt else 1)
+        assert int(m["train/updates_skipped"]) == (1 if filt else 0)
+        if filt:
+            same = [np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(state.opt_state),
+                                                                      jax.tree.leaves(opt_before))]
+            assert all(same)  # Adam's moments and count untouched
         assert int(m["dynamic/generated_groups"]) == 4
+
+
+def test_a_shortfall_trains_the_kept_groups_and_skips_the_empty_minibatch():
+    """Dynamic sampling with M = 2 minibatches: one informative group of two slots fills minibatch 0; the
+    masked fill-in group alone is minibatch 1, which is skipped (no phantom AdamW step): one optimizer step."""
+    answers = ["0", "1", "12", "0"]  # one informative group (the third) of four generated
+    tx = optax.adamw(1e-2, weight_decay=0.1)
+    _, _, state, step = setup(reward_fn=_by_answer, dynamic_sampling=2, num_minibatches=2, tx=tx)
+    p0 = jax.tree.map(np.asarray, state.params)
+    new, m = step(state, _batch(answers))
+    assert int(m["dynamic/kept_groups"]) == 1 and int(m["dynamic/short_groups"]) == 1
+    assert int(m["train/updates_skipped"]) == 1 and int(new.step) == 1
+    assert max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(jax.tree.leaves(new.params),
+                                                                     jax.tree.leaves(p0))) > 0
+
+
+def test_pass_at_k_signal_and_its_combinations():
+    """Dynamic sampling under the pass@k advantage keeps the groups whose pass@k advantage is nonzero (not
+    merely unequal rewards), and the overlong penalty, which the pass@k advantage would ignore, is refused."""
+    from sage_jax.rl.advantages import pass_at_k_advantages, pass_at_k_informative
+    G, k = 4, 2
+    groups = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
+    adv, _ = pass_at_k_advantages(jnp.asarray(groups.reshape(-1)), G, k)
+    nonzero = np.abs(np.asarray(adv).reshape(-1, G)).max(axis=1) > 0
+    np.testing.assert_array_equal(np.asarray(pass_at_k_informative(jnp.asarray(groups.reshape(-1)), G, k)), nonzero)
+    assert nonzero.tolist() == [False, True, False, True, False]  # group 0: unequal rewards, but 1 wrong < k
+    idx, informative, _ = dapo.select_groups(jnp.asarray(groups.reshape(-1)), G, 2,
+                                             pass_at_k_informative(jnp.asarray(groups.reshape(-1)), G, k))
+    assert np.asarray(idx).tolist() == [1, 3] and bool(np.asarray(informative).all())
+    with pytest.raises(ValueError, match="pass_at_k=2 with rl.overlong_buffer=4"):
+        R.RLConfig(group_size=4, pass_at_k=2, overlong_buffer=4, sampling=SamplingConfig(max_new_tokens=8))
+
+
+def test_stop_strings_end_a_row_without_truncating_it():
+    """A completion ended by a stop string is not truncated: it counts as stopped in rollout/truncated_frac and
+    stays in the loss under rl.overlong_filter (as a row ended by EOS would)."""
+    from sage_jax.stop_strings import StopStrings
+    stop = StopStrings.for_tokenizer(("1",), TOK, TOK.vocab_size if hasattr(TOK, "vocab_size") else len(TOK))
+    sampling = SamplingConfig(max_new_tokens=12, eos_ids=(10_000,), pad_id=0, decode_segments=1, stop=stop)
+    cfg, graphdef, state, _ = setup(sampling=sampling)
+    cfg = dataclasses.replace(cfg, overlong_filter=True)
+    policy = rl_state.policy_model(graphdef, state)
+    ro = jax.jit(lambda b, key: rollout(policy, b, key, cfg, HostReward(TOK, _by_answer)))(_batch(["12"] * 4),
+                                                                                        jax.random.key(3))
+    texts = [TOK.decode(t[m == 1].tolist()) for t, m in zip(np.asarray(ro.tokens_BxT), np.asarray(ro.cmask_BxT))]
+    ended = np.array([t.endswith("1") for t in texts])
+    assert 0 < ended.sum() < len(ended), "the test needs rows stopped by the string and truncated rows"
+    assert float(ro.metrics["rollout/truncated_frac"]) == pytest.approx(1 - ended.mean())
+    np.testing.assert_array_equal(np.asarray(ro.loss_mask_BxT).any(axis=1), ended)
 
 
 def test_dapo_config_errors():
@@ -147,16 +206,3 @@ def test_dapo_config_errors():
         R.RLConfig(overlong_buffer=10_000)
 
 
-def test_pass_at_k_reads_the_verifier_not_the_length_penalty():
-    """A correct completion stays correct for the pass@k advantage whatever its length penalty (a shaped
-    reward of 1 - 5 < 0 would otherwise count as wrong)."""
-    from sage_jax.rl.advantages import pass_at_k_advantages
-    answers, ends = ["12", "3", "4", "4"], tuple(range(2, 20))
-    plain, cfg = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2)
-    ro, _ = _rollout(answers, max_new_tokens=8, eos_ids=ends, pass_at_k=2, overlong_buffer=4, overlong_penalty=5.0)
-    np.testing.assert_array_equal(np.asarray(ro.adv_B), np.asarray(plain.adv_B))
-    tokens, cmask = np.asarray(ro.tokens_BxT), np.asarray(ro.cmask_BxT)
-    verifier = _dense([TOK.decode(t[m == 1].tolist(), skip_special_tokens=True) for t, m in zip(tokens, cmask)])
-    want, _ = pass_at_k_advantages(jnp.asarray(verifier), cfg.group_size, 2)
-    np.testing.assert_allclose(np.asarray(ro.adv_B), np.asarray(want), atol=1e-6)
-    assert float(ro.metrics["reward/overlong_penalty_mean"]) < 0  # the penalty did apply to the rewards

@@ -101,14 +101,16 @@ def test_float32_matches_float64_reference():
 
 
 def grpo_k3_reference(lp, old, ref, adv, m, beta, eps):
-    """Straightforward TRL-style GRPO + k3 (multiplicative masking; clean inputs only)."""
+    """Straightforward TRL-style GRPO + k3 (multiplicative masking; clean inputs only), its mean over the rows
+    that have tokens (TRL's mean also counts an all-masked row, as a zero; here such a row is not in the batch)."""
     mf = m.astype(lp.dtype)
     coef1 = jnp.exp(lp - old)
     coef2 = jnp.clip(coef1, 1 - eps, 1 + eps)
     per_tok = -jnp.minimum(coef1 * adv[:, None], coef2 * adv[:, None])
     kl = jnp.exp(ref - lp) - (ref - lp) - 1
     per_tok = per_tok + beta * kl
-    return ((per_tok * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)).mean()
+    rows = (mf.sum(-1) > 0).sum()
+    return ((per_tok * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)).sum() / rows
 
 
 @pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
@@ -138,13 +140,14 @@ def test_guide_none_is_grpo_with_kl(dtype):
 
 
 def test_on_policy_gradient_closed_form():
-    # old = lp: ratio 1, never clipped. dL/dlp_bt = m / (n_b B) (-A_b + beta (1 - e^d)).
+    # old = lp: ratio 1, never clipped. dL/dlp_bt = m / (n_b B) (-A_b + beta (1 - e^d)), B the rows with tokens.
     c, j = make_tensors(6)
     beta = 0.1
     cfg = LossConfig(beta=beta)
     g = jax.grad(lambda lp: losses.policy_loss(lp, None, j["ref"], j["logq"], j["adv"], j["m"],
                                                cfg)[0])(j["lp"])
-    B = c["m"].shape[0]
+    B = int(c["m"].any(-1).sum())
+    assert B == c["m"].shape[0] - 1  # make_tensors' row 0 has no token
     n = np.maximum(c["m"].sum(-1, keepdims=True), 1)
     d = c["ref"] + c["logq"] - c["lp"]
     want = np.where(c["m"], (-c["adv"][:, None] + beta * (1 - np.exp(d))) / (n * B), 0.0)
@@ -201,15 +204,25 @@ def test_loss_type_normalisers():
     xg = jnp.asarray(np.where(m, x, np.nan))
     mj = jnp.asarray(m)
     agg = losses.aggregate
+    # row 2 has no token: it is not a row of the batch (3 rows)
     np.testing.assert_allclose(float(agg(xg, mj, "grpo")),
-                               np.mean([xm[0].sum() / 3, xm[1].sum() / 6, 0.0, xm[3].sum()]))
+                               np.mean([xm[0].sum() / 3, xm[1].sum() / 6, xm[3].sum()]))
     np.testing.assert_allclose(float(agg(xg, mj, "bnpo")), xm.sum() / 10)
-    np.testing.assert_allclose(float(agg(xg, mj, "dr_grpo")), xm.sum() / (4 * 6))
+    np.testing.assert_allclose(float(agg(xg, mj, "dr_grpo")), xm.sum() / (3 * 6))
     np.testing.assert_allclose(float(agg(xg, mj, "dr_grpo", max_completion_length=50)),
-                               xm.sum() / (4 * 50))
-    np.testing.assert_allclose(float(agg(xg, mj, "dapo", num_batch_tokens=37)), xm.sum() / 37)
-    np.testing.assert_allclose(float(agg(xg, mj, "dapo")), xm.sum() / 10)
-    with pytest.raises(ValueError, match="max_completion_length=3 is smaller"):
+                               xm.sum() / (3 * 50))
+    for lt in ("dapo", "cispo"):
+        np.testing.assert_allclose(float(agg(xg, mj, lt, num_batch_tokens=37)), xm.sum() / 37)
+        np.testing.assert_allclose(float(agg(xg, mj, lt)), xm.sum() / 10)
+    # an update's denominators, given: the micro-batch's sum over them
+    norm = losses.Normalizer(rows=jnp.asarray(7.0), tokens=jnp.asarray(20.0), pg_tokens=jnp.asarray(20.0),
+                             batch_tokens=jnp.asarray(40.0))
+    np.testing.assert_allclose(float(agg(xg, mj, "grpo", norm=norm)),
+                               (xm[0].sum() / 3 + xm[1].sum() / 6 + xm[3].sum()) / 7)
+    np.testing.assert_allclose(float(agg(xg, mj, "bnpo", norm=norm)), xm.sum() / 20)
+    np.testing.assert_allclose(float(agg(xg, mj, "dr_grpo", norm=norm)), xm.sum() / (7 * 6))
+    np.testing.assert_allclose(float(agg(xg, mj, "dapo", norm=norm)), xm.sum() / 40)
+    with pytest.raises(ValueError, match="max_new_tokens=3 .dr_grpo's T_max. is smaller"):
         agg(xg, mj, "dr_grpo", max_completion_length=3)
     assert float(agg(xg, jnp.zeros_like(mj), "grpo")) == 0.0
     assert float(agg(xg, jnp.zeros_like(mj), "bnpo")) == 0.0
@@ -242,7 +255,7 @@ def test_gspo_ratio_is_sequence_geometric_mean():
     m = c["m"]
     n = np.maximum(m.sum(-1), 1)
     r_b = np.exp(np.where(m, c["lp"] - c["old"], 0).sum(-1) / n)
-    want = np.mean(np.where(m.sum(-1) > 0, -r_b * c["adv"], 0.0))
+    want = np.sum(np.where(m.sum(-1) > 0, -r_b * c["adv"], 0.0)) / (m.sum(-1) > 0).sum()
     np.testing.assert_allclose(float(loss), want, rtol=1e-12)
     np.testing.assert_allclose(float(met["ratio_mean"]), (r_b * m.sum(-1)).sum() / m.sum(),
                                rtol=1e-12)
@@ -277,7 +290,7 @@ def test_delta_caps_the_unclipped_ratio():
             assert float(loss) < float(loss0)
         else:
             assert float(loss) == pytest.approx(float(loss0))
-    with pytest.raises(ValueError, match="LossConfig.delta=1.1 must be >= 1 \\+ eps_high"):
+    with pytest.raises(ValueError, match="rl.delta=1.1 must be >= 1 \\+ rl.eps_high"):
         LossConfig(delta=1.1, eps_high=0.2)
 
 
@@ -375,14 +388,18 @@ def test_forward_kl_mode_in_policy_loss():
 
 def test_config_validation_and_hashable():
     for kw, msg in [
-        (dict(loss_type="ppo"), "LossConfig.loss_type='ppo'"),
-        (dict(estimator="k4"), "LossConfig.estimator='k4'"),
-        (dict(kl_mode="both"), "LossConfig.kl_mode='both'"),
-        (dict(importance_sampling_level="seq"), "LossConfig.importance_sampling_level='seq'"),
-        (dict(beta=-1.0), "LossConfig.beta must be >= 0"),
-        (dict(eps_low=1.0), "LossConfig.eps_low"),
-        (dict(eps_high=-0.1), "LossConfig.eps_high"),
-        (dict(max_completion_length=0), "LossConfig.max_completion_length"),
+        (dict(loss_type="ppo"), "rl.loss_type='ppo'"),
+        (dict(estimator="k4"), "rl.estimator='k4'"),
+        (dict(kl_mode="both"), "rl.kl_mode='both'"),
+        (dict(importance_sampling_level="seq"), "rl.importance_sampling_level='seq'"),
+        (dict(beta=-1.0), "rl.beta must be >= 0"),
+        (dict(beta=float("nan")), "rl.beta=nan must be a finite number"),
+        (dict(eps_high=float("inf")), "rl.eps_high=inf must be a finite number"),
+        (dict(eps_low=1.0), "rl.eps_low"),
+        (dict(eps_high=-0.1), "rl.eps_high"),
+        (dict(entropy_coef=-0.1), "rl.entropy_coef"),
+        (dict(opsm_threshold=-1.0), "rl.opsm_threshold"),
+        (dict(max_completion_length=0), "rollout.max_new_tokens"),
     ]:
         with pytest.raises(ValueError, match=msg):
             LossConfig(**kw)

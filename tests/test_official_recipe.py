@@ -7,6 +7,7 @@ defaults. Each value is compared with what the preset resolves to through this p
 builders (config_lib.rl_config / optim_config / lora_config), not with the preset's literals.
 """
 
+import functools
 import importlib.util
 import os
 
@@ -41,8 +42,14 @@ OFFICIAL = {  # name: value, as the official run sees it
     "loss_type": "grpo", "beta": 0.05, "epsilon": 0.2, "epsilon_high": 0.2, "delta": None,
     "scale_rewards": "group", "importance_sampling_level": "token",
     "vllm_importance_sampling_correction": True, "vllm_importance_sampling_cap": 2.0,
+    "vllm_importance_sampling_level": "token",
+    "shuffle_before_split": True,  # shuffle_sequence_dict, then split_tensor_dict (grpo_trainer.py:996)
     "guide": "branch", "branch_ratio": 0.3, "branch_threshold": 1.2, "q_min": 0.6, "q_max": 1.4,
     "branch_source": "new",
+    # configs/train_config.yaml sage.token / sage.random (CosineAnnealingScheduler's ub -> lb, N cycles, decay)
+    "token_alpha": (0.3, 0.1), "token_sigma": (0.25, 0.1), "token_cycles": 8, "token_decay": 0.9,
+    "token_source": "new", "token_norm": "minmax",
+    "random_eps": (0.1, 0.0), "random_sigma": (0.15, 0.05), "random_cycles": 8, "random_decay": 0.9,
     "system_prompt": OFFICIAL_SYSTEM_PROMPT, "reward": "verify(parse(gold), parse(completion)), 0 on exception",
 }
 
@@ -63,6 +70,30 @@ def _preset(arg=None):
     return mod.get_config(arg)
 
 
+@functools.lru_cache(maxsize=None)
+def _stop_string_kept() -> bool:
+    """Whether a completion cut by a stop string keeps it, as the sampler does it (vLLM's
+    include_stop_str_in_output): the tiny base sampled with and without the stop string " = "."""
+    import dataclasses
+
+    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.models import hf
+    from sage_jax.sampling import SamplingConfig, TextSampler
+    from sage_jax.stop_strings import StopStrings
+    model, mcfg = hf.load(TINY_BASE)
+    tok = hf.load_tokenizer(TINY_BASE)
+    eos, pad = hf.sampling_ids(tok, mcfg)
+    cfg = SamplingConfig(max_new_tokens=40, eos_ids=eos, pad_id=pad, decode_segments=1)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "3*4+5*2"}], add_generation_prompt=True,
+                                     tokenize=False)
+    free = TextSampler(model, tok, cfg, batch_size=8).generate([prompt], n=8, seed=0)[0]
+    stop = StopStrings.for_tokenizer([" = "], tok, mcfg.vocab_size)
+    cut = TextSampler(model, tok, dataclasses.replace(cfg, stop=stop), batch_size=8).generate([prompt], 8, 0)[0]
+    hits = [(f.text, c.text) for f, c in zip(free, cut) if " = " in f.text]
+    assert hits, "no sample holds the stop string"
+    return all(c == f[:f.index(" = ") + 3] for f, c in hits)
+
+
 def _resolved(c) -> dict:
     """The preset as this project runs it, in the official names."""
     from sage_jax.rewards.verifiers import REWARD_FNS, math_verify_text_reward
@@ -76,6 +107,8 @@ def _resolved(c) -> dict:
              "down": "down_proj"}
     per_generation = rl.num_iterations * rl.num_minibatches
     rows = c.data.batch_size * rl.group_size
+    guide_of = lambda name: config_lib.guide_config(_with_guide(c, name))
+    tok_g, rnd_g = guide_of("token"), guide_of("random")
     return {
         "model": c.model.path, "gradient_checkpointing": c.model.remat == "full",
         "lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_dropout": lora.dropout,
@@ -84,10 +117,10 @@ def _resolved(c) -> dict:
         "temperature": rl.sampling.temperature, "min_p": rl.sampling.min_p, "top_p": rl.sampling.top_p,
         "top_k": rl.sampling.top_k, "generation_batch_size": rows,
         "per_device_train_batch_size": rows // rl.num_minibatches,
-        "gradient_accumulation_steps": 1,  # rl.grad_accum_steps only splits memory; the update is one step
+        "gradient_accumulation_steps": rl.grad_accum_steps,
         "num_generations": rl.group_size, "num_iterations": rl.num_iterations,
         "max_prompt_length": c.data.max_prompt_tokens, "max_completion_length": rl.sampling.max_new_tokens,
-        "stop": list(c.rollout.stop_strings), "include_stop_str_in_output": True,  # sage_jax.stop_strings keeps it
+        "stop": list(c.rollout.stop_strings), "include_stop_str_in_output": _stop_string_kept(),
         "trainer_seed": c.seed, "max_steps": c.max_steps * per_generation,
         "save_steps": c.checkpoint_every * per_generation,
         "learning_rate": opt.learning_rate, "lr_scheduler": opt.schedule, "warmup_ratio": opt.warmup_steps,
@@ -98,14 +131,27 @@ def _resolved(c) -> dict:
         "importance_sampling_level": rl.loss.importance_sampling_level,
         "vllm_importance_sampling_correction": rl.loss.tis_cap is not None,
         "vllm_importance_sampling_cap": rl.loss.tis_cap,
+        "vllm_importance_sampling_level": rl.loss.mismatch_level,
+        "shuffle_before_split": rl.update_shuffle == "rows",
         "guide": rl.guide, "branch_ratio": getattr(rl.guide_cfg, "ratio", None),
         "branch_threshold": getattr(rl.guide_cfg, "threshold", None),
         "q_min": rl.guide_cfg.q_min, "q_max": rl.guide_cfg.q_max, "branch_source": rl.guide_cfg.source,
+        "token_alpha": (tok_g.alpha_ub, tok_g.alpha_lb), "token_sigma": (tok_g.sigma_ub, tok_g.sigma_lb),
+        "token_cycles": tok_g.num_cycles, "token_decay": tok_g.decay, "token_source": tok_g.source,
+        "token_norm": tok_g.norm, "random_eps": (rnd_g.eps_ub, rnd_g.eps_lb),
+        "random_sigma": (rnd_g.sigma_ub, rnd_g.sigma_lb), "random_cycles": rnd_g.num_cycles,
+        "random_decay": rnd_g.decay,
         "system_prompt": c.data.system_prompt,
         "reward": ("verify(parse(gold), parse(completion)), 0 on exception"
                    if REWARD_FNS[c.rl.reward] is math_verify_text_reward else c.rl.reward),
         "_lora_param_dtype": str(config_lib.lora_param_dtype(c)),
     }
+
+
+def _with_guide(c, name):
+    c = c.copy_and_resolve_references()
+    c.sage.guide = name
+    return c
 
 
 def test_every_official_value_is_resolved_or_a_listed_deviation():
@@ -124,6 +170,7 @@ def test_variants_change_only_the_guide_and_beta(arg, guide, beta):
     assert v["guide"] == guide and v["beta"] == beta
     changed = {k for k in base if base[k] != v[k]} - {"guide", "beta", "branch_ratio", "branch_threshold",
                                                        "q_min", "q_max", "branch_source"}
+    # the token / random schedules are compared in every variant (they equal the official ones everywhere)
     assert not changed, changed
 
 
@@ -173,7 +220,7 @@ def test_the_preset_code_path_end_to_end(tmp_path):
     assert len(train) == 2
     for r in train:
         assert r["train/ratio_mean"] == 1.0 and r["train/clip_low"] == 0.0 and r["train/clip_high"] == 0.0
-        assert abs(r["train/tis_weight_mean"] - 1.0) < 0.05  # bf16 sampler vs bf16 trainer: numerics only
+        assert abs(r["train/is_weight_mean"] - 1.0) < 0.05  # bf16 sampler vs bf16 trainer: numerics only
     evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     assert [r["step"] for r in evals] == [1, 2], [r.get("step") for r in evals]
     assert "eval/pass@1" in evals[0] and "eval/pass@2" in evals[1], sorted(evals[0])
@@ -187,6 +234,7 @@ def test_the_preset_code_path_end_to_end(tmp_path):
 # The official evaluation (configs/eval_config.yaml generation:, src/data/loaders.py), same commit.
 OFFICIAL_EVAL = {
     "k": 64, "temperature": 0.3, "top_p": 0.95, "max_new_tokens": 6144, "eval_limit": None,
+    "stop": [],  # src/eval/eval_model.py generate_completions: HF generate with eos_token_id only
     "user": "Problem: {problem}\n\nSolve this step by step and provide your final numerical answer.",
     "datasets": ("HuggingFaceH4/MATH-500", "GAIR-NLP/AIME-Preview (2024, 2025-I, 2025-II)", "zwhe99/amc23",
                  "math-ai/minervamath"),
@@ -200,8 +248,10 @@ def test_evaluation_is_the_official_one():
     c = _preset()
     assert c.eval.template.startswith("chat:")
     benches = [b.partition(":")[0] for b in c.eval.benchmarks.split(",")]
+    from sage_jax.eval.benchmarks import settings_from_config
     got = {"k": c.eval.n, "temperature": c.eval.temperature, "top_p": c.eval.top_p,
            "max_new_tokens": c.eval.max_new_tokens, "eval_limit": c.eval.num_problems or None,
+           "stop": list(settings_from_config(c).sampler.get("stop_strings", [])),
            "user": c.eval.template.removeprefix("chat:"),  # the user turn of the model's own chat template
            "datasets": tuple(SPECS[b].hub_repo for b in benches)}
     wrong = {k: (v, got[k]) for k, v in OFFICIAL_EVAL.items() if k not in EVAL_DEVIATIONS and got[k] != v}

@@ -132,7 +132,7 @@ def test_truncated_importance_weight_is_one_in_float32_under_min_p():
                               sampling=SamplingConfig(max_new_tokens=16, eos_ids=(2,), temperature=1.0,
                                                         min_p=0.3))
     state, m = step(state, batch())
-    assert float(m["train/tis_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
+    assert float(m["train/is_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
     assert float(m["train/tis_capped"]) == 0.0
 
 
@@ -147,6 +147,50 @@ def test_mismatch_entropy_and_pass_at_k_options_in_the_step():
     assert 0.0 <= float(m["reward/pass_at_k"]) <= 1.0
     with pytest.raises(ValueError, match="pass_at_k"):
         R.RLConfig(group_size=4, pass_at_k=5)
+
+
+def test_update_order_permutes_whole_rows_consistently():
+    """rl.update_shuffle: every row once in the new order, each row's arrays and prompt moved together; "groups"
+    keeps the groups contiguous (prompt sharing stays possible), "rows" mixes prompts within a minibatch."""
+    from sage_jax.rl.rollout import Rollout
+    from sage_jax.rl.update import Scores, update_order
+    N, G, P, T = 4, 4, 3, 5
+    B = N * G
+    ar = jnp.arange(B)
+    ro = Rollout(prompt_NxP=jnp.arange(N * P).reshape(N, P), pmask_NxP=jnp.ones((N, P), jnp.int32),
+                 tokens_BxT=jnp.tile(ar[:, None], (1, T)), cmask_BxT=jnp.ones((B, T), jnp.int32),
+                 loss_mask_BxT=jnp.ones((B, T), jnp.int32), raw_logp_BxT=jnp.tile(-ar[:, None], (1, T)) * 1.0,
+                 adv_B=ar * 1.0, metrics={})
+    for mode in ("none", "groups", "rows"):
+        cfg = R.RLConfig(group_size=G, update_shuffle=mode)
+        rw = update_order(ro, Scores(old_logp_BxT=ro.raw_logp_BxT), cfg, jax.random.key(1))
+        row = np.asarray(rw.tokens_BxT[:, 0])
+        assert sorted(row.tolist()) == list(range(B))
+        np.testing.assert_array_equal(np.asarray(rw.adv_B), row)
+        np.testing.assert_array_equal(np.asarray(rw.scores.old_logp_BxT[:, 0]), -row)
+        np.testing.assert_array_equal(np.asarray(rw.prompt_BxP), np.asarray(ro.prompt_NxP)[row // G])
+        np.testing.assert_array_equal(np.asarray(rw.prompt_NxP)[np.asarray(rw.prompt_of_B)], np.asarray(rw.prompt_BxP))
+        if mode == "none":
+            assert row.tolist() == list(range(B))
+        if mode == "groups":
+            assert all(len(set((row[g * G:(g + 1) * G] // G).tolist())) == 1 for g in range(N)) and row.tolist() != list(range(B))
+        if mode == "rows":
+            assert any(len(set((row[g * G:(g + 1) * G] // G).tolist())) > 1 for g in range(N))
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_row_shuffle_changes_the_updates_not_the_loss(share_prompt):
+    """TRL 0.23 shuffles the generation batch before splitting it into updates. At lr 0 with M = 2 equal
+    minibatches the mean of the two updates' grpo losses is the whole batch's whatever the order, so it must
+    equal the unshuffled step's, while the updates themselves (their gradients) differ. The row-shuffled
+    micro-batches share each prompt's forward through a gather (4 prompts, 8 rows) or repeat it: same numbers."""
+    out = {}
+    for mode in ("none", "rows"):
+        _, _, state, step = setup(lr=0.0, num_minibatches=2, update_shuffle=mode, share_prompt=share_prompt)
+        out[mode] = step(state, batch())[1]
+    assert float(out["rows"]["train/loss"]) == pytest.approx(float(out["none"]["train/loss"]), rel=1e-5, abs=1e-7)
+    assert float(out["rows"]["train/kl"]) == pytest.approx(float(out["none"]["train/kl"]), rel=1e-5, abs=1e-8)
+    assert abs(float(out["rows"]["train/grad_norm"]) - float(out["none"]["train/grad_norm"])) > 1e-4
 
 
 def test_dapo_normaliser_with_several_minibatches():

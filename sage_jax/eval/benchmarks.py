@@ -49,7 +49,34 @@ def strategy_fn_for(benchmarks) -> Callable[[str], str | None] | None:
 
 
 def settings_from_config(c) -> EvalSettings:
-    """The sampling settings of `eval.*`, the same for in-training evaluation and `mode=eval`."""
+    """The sampling settings of `eval.*`, the same for in-training evaluation and `mode=eval`. `eval.stop_strings`
+    (its own list: the official evaluation generates until EOS where its training stops at `</SOLUTION>`) is
+    stored with them, so results sampled under other stop strings are never mixed."""
+    stops = list(string_list(c.eval.stop_strings, "eval.stop_strings"))
     return EvalSettings(n=c.eval.n, temperature=c.eval.temperature, top_p=c.eval.top_p,
                         max_tokens=c.eval.max_new_tokens, seed=c.seed,
-                        problems_per_batch=max(1, c.eval.batch_size // c.eval.n))
+                        problems_per_batch=max(1, c.eval.batch_size // c.eval.n),
+                        sampler={"stop_strings": stops} if stops else {})
+
+
+def string_list(value, field: str) -> tuple[str, ...]:
+    """A config's stop-string field as a tuple of non-empty strings (a lone string is one)."""
+    strings = () if not value else ((value,) if isinstance(value, str) else tuple(value))
+    if any(not isinstance(x, str) or not x for x in strings):
+        raise ValueError(f"{field}={strings!r}: each must be a non-empty string")
+    return strings
+
+
+def sampling_config(settings: EvalSettings, tokenizer, model_cfg, decode_segments: int = 4):
+    """The `SamplingConfig` an evaluation samples one model with: the settings' temperature, top-p, length and
+    stop strings (compiled for this model's tokenizer), the model's stop and pad ids (`hf.sampling_ids`)."""
+    from sage_jax.models import hf
+    from sage_jax.sampling import SamplingConfig
+    from sage_jax.stop_strings import StopStrings
+    extra = dict(settings.sampler)
+    stops = tuple(extra.pop("stop_strings", ()))
+    eos_ids, pad_id = hf.sampling_ids(tokenizer, model_cfg)
+    stop = StopStrings.for_tokenizer(stops, tokenizer, model_cfg.vocab_size) if stops else None
+    return SamplingConfig(max_new_tokens=settings.max_tokens, temperature=settings.temperature,
+                          top_p=settings.top_p, eos_ids=eos_ids, pad_id=pad_id, stop=stop,
+                          decode_segments=decode_segments, **extra)

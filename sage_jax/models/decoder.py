@@ -379,15 +379,20 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> 
                                 for _ in range(cfg.num_layers)])
 
 
-def repeat_cache(cache: list[dict[str, Array]], group: int, extra_slots: int) -> list[dict[str, Array]]:
-    """An N-row cache of S slots -> N*group rows (each row `group` times, in order) of S + extra_slots.
+def gather_cache(cache: list[dict[str, Array]], rows: Array, extra_slots: int) -> list[dict[str, Array]]:
+    """An N-row cache of S slots -> len(rows) rows (row r a copy of cache row rows[r]) of S + extra_slots: each
+    prompt is prefilled once and its keys / values are shared by the rows that continue it; the empty slots
+    that follow receive the completion tokens."""
+    return _grow_cache(cache, lambda x: x[rows], extra_slots)
 
-    The prompt of a group is prefilled once and its keys / values are shared by the group's rows; the
-    empty slots that follow receive the completion tokens.
-    """
-    def grow(x):
-        x = jnp.repeat(x, group, axis=0)
-        return jnp.pad(x, ((0, 0), (0, 0), (0, extra_slots), (0, 0)))
+
+def repeat_cache(cache: list[dict[str, Array]], group: int, extra_slots: int) -> list[dict[str, Array]]:
+    """`gather_cache` of rows 0, 0, ..., 1, 1, ... (each `group` times), as a repeat."""
+    return _grow_cache(cache, lambda x: jnp.repeat(x, group, axis=0), extra_slots)
+
+
+def _grow_cache(cache, rows_of, extra_slots):
+    grow = lambda x: jnp.pad(rows_of(x), ((0, 0), (0, 0), (0, extra_slots), (0, 0)))
     return shd.constrain_cache([{name: grow(x) for name, x in c.items()} for c in cache])
 
 

@@ -87,12 +87,17 @@ def name_table(cfg: ModelConfig) -> list[Entry]:
 
 
 # ------------------------------------------------------------------------------------------ files
+def is_hub_id(path: str) -> bool:
+    """Whether `path` reads as a Hugging Face hub id ('org/name'), not a local path: the one rule every caller uses."""
+    return path.count("/") == 1 and not path.startswith((".", "/", "~")) and not os.path.exists(path)
+
+
 def resolve_path(path: str) -> str:
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
         raise ConfigError(f"{path}: not a directory (expected an HF model directory with config.json)")
-    if path.count("/") == 1 and not path.startswith((".", "/")):
+    if is_hub_id(path):
         try:
             from huggingface_hub import snapshot_download
             return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
@@ -355,6 +360,13 @@ def load_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: no usable tokenizer ({str(e).splitlines()[0]})") from None
+
+
+def sampling_ids(tokenizer, model_cfg) -> tuple[tuple[int, ...], int]:
+    """(stop ids, pad id) to sample from a model: `stop_ids`, and the tokenizer's pad id, else config.json's,
+    else 0. Training, evaluation and the notebooks all take them from here."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
+    return stop_ids(tokenizer, model_cfg), int(pad)
 
 
 def stop_ids(tokenizer, model_cfg) -> tuple[int, ...]:

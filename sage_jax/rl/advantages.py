@@ -119,3 +119,11 @@ def pass_at_k_advantages(rewards_B: Array, group_size: int, k: int, eps: float =
     adv_NxG = jnp.where(uniform_N[:, None], 0.0, adv_NxG)  # no signal, exactly
     metrics = {"pass_at_k": R_N.mean(), "frac_zero_std": uniform_N.astype(jnp.float32).mean()}
     return adv_NxG.reshape(B), metrics
+
+
+def pass_at_k_informative(rewards_B: Array, group_size: int, k: int) -> Array:
+    """Per group, whether its pass@k advantage is nonzero: some sample correct and at least k wrong (with fewer
+    than k wrong every k-subset holds a correct one, R = 1, no signal)."""
+    G = group_size
+    n_neg_N = G - (jax.lax.stop_gradient(rewards_B) > 0).reshape(-1, G).sum(axis=1)
+    return (n_neg_N >= k) & (n_neg_N < G)

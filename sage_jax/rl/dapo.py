@@ -39,8 +39,10 @@ def overlong_penalty(lengths_B: Array, max_len: int, buffer: int, factor: float 
     return factor * jnp.minimum(-excess / buffer, 0.0)
 
 
-def select_groups(rewards_B: Array, group_size: int, keep: int) -> tuple[Array, Array, dict[str, Array]]:
-    """The `keep` groups to train on: those with unequal rewards first, in batch order, then the others.
+def select_groups(rewards_B: Array, group_size: int, keep: int,
+                  informative_G: Array | None = None) -> tuple[Array, Array, dict[str, Array]]:
+    """The `keep` groups to train on: the informative ones first, in batch order, then the others. Informative:
+    unequal rewards, or `informative_G` where given (the pass@k advantage's groups with a signal).
 
     Returns (group indices [keep], whether each is informative [keep], metrics). Metrics, in groups:
     `generated`, `informative`, `kept` (informative and trained on), `short` (slots left to masked
@@ -52,6 +54,8 @@ def select_groups(rewards_B: Array, group_size: int, keep: int) -> tuple[Array, 
         raise ValueError(f"select_groups: {B} rows in groups of {group_size}, keep={keep}")
     r = rewards_B.reshape(n_groups, group_size)
     informative = r.max(axis=1) > r.min(axis=1)  # exact, unlike a tolerance on a float std
+    if informative_G is not None:
+        informative = informative_G
     order = jnp.argsort(jnp.logical_not(informative).astype(jnp.int32), stable=True)
     idx = order[:keep]
     n_inf = informative.sum()

@@ -18,13 +18,16 @@ from sage_jax.rl.losses import forward_kl_from_logits
 Array = jax.Array
 
 
-def _chunk_stats(hidden_BxCxD, unembed_DxV, targets_BxC, temperature):
+def _chunk_stats(hidden_BxCxD, unembed_DxV, targets_BxC, temperature, entropy_grad=False):
     logits = jnp.einsum("bcd,dv->bcv", hidden_BxCxD, unembed_DxV, preferred_element_type=jnp.float32)
     logits = logits / temperature
     logz = jax.nn.logsumexp(logits, axis=-1)
     tgt = jnp.take_along_axis(logits, targets_BxC[..., None], axis=-1)[..., 0]
     probs = jnp.exp(logits - logz[..., None])
-    # H = logZ - sum_v p_v * logit_v; detached: the guides use entropy as a constant signal.
+    # H = logZ - sum_v p_v * logit_v; detached unless an entropy bonus differentiates it (the guides and the
+    # entropy selection use it as a constant signal).
+    if entropy_grad:
+        return tgt - logz, logz - jnp.sum(probs * logits, axis=-1)
     entropy = logz - jnp.sum(jax.lax.stop_gradient(probs) * logits, axis=-1)
     return tgt - logz, jax.lax.stop_gradient(entropy)
 
@@ -55,13 +58,13 @@ def map_position_chunks(fn, arrays, chunk: int):
 
 
 def token_logp_entropy(hidden_BxTxD: Array, unembed_DxV: Array, targets_BxT: Array, chunk: int = 256,
-                       temperature: float = 1.0) -> tuple[Array, Array]:
+                       temperature: float = 1.0, entropy_grad: bool = False) -> tuple[Array, Array]:
     """log p(target_t) and the full-distribution entropy at every position, both BxT float32.
 
     `hidden_BxTxD[:, t]` predicts `targets_BxT[:, t]`. Differentiable in the log-probs; the entropy is
-    stop-gradient.
+    stop-gradient unless `entropy_grad` (an entropy bonus).
     """
-    stats = lambda h, y: _chunk_stats(h, unembed_DxV, y, temperature)
+    stats = lambda h, y: _chunk_stats(h, unembed_DxV, y, temperature, entropy_grad)
     return map_position_chunks(stats, (hidden_BxTxD, targets_BxT), chunk)
 
 
@@ -86,7 +89,8 @@ def sequence_forward_kl(policy, reference, tokens_BxS: Array, mask_BxS: Array, c
 
 
 def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_start: int, chunk: int = 256,
-                          temperature: float = 1.0, remat: str | None = None) -> tuple[Array, Array]:
+                          temperature: float = 1.0, remat: str | None = None,
+                          entropy_grad: bool = False) -> tuple[Array, Array]:
     """Log-probs / entropies of the completion tokens `tokens_BxS[:, completion_start:]`.
 
     `tokens_BxS` = left-padded prompt (P = completion_start) followed by the completion (T); returns BxT.
@@ -96,32 +100,39 @@ def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_
 
     hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS, remat=remat)
     h = hidden[:, completion_start - 1:-1]
-    return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature)
+    return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature,
+                              entropy_grad)
 
 
 def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, completion_BxT: Array,
                          completion_mask_BxT: Array, chunk: int = 256, temperature: float = 1.0,
-                         remat: str | None = None) -> tuple[Array, Array]:
-    """`sequence_logp_entropy` of B = N * G rows whose row b is prompt b // G + completion b, with each
-    prompt's forward pass done once for its group (its keys / values shared by the G rows).
+                         remat: str | None = None, entropy_grad: bool = False,
+                         prompt_index_B: Array | None = None) -> tuple[Array, Array]:
+    """`sequence_logp_entropy` of B rows whose row b is prompt b // G + completion b (or prompt
+    `prompt_index_B[b]`), with each prompt's forward pass done once and its keys / values shared by its rows.
 
     The same numbers as the repeated-prompt call (up to float reassociation), gradients included (they
-    reach the shared prompt positions summed over the group); the prompt positions cost N rows instead
+    reach the shared prompt positions summed over their rows); the prompt positions cost N rows instead
     of B, and the completion queries attend over P + T keys without scoring P x (P + T) prompt queries.
     """
-    from sage_jax.models.decoder import init_cache, positions_from_mask, repeat_cache
+    from sage_jax.models.decoder import gather_cache, init_cache, positions_from_mask, repeat_cache
 
     (N, P), (B, T) = prompt_NxP.shape, completion_BxT.shape
-    G = B // N
-    if N * G != B:
-        raise ValueError(f"{B} completion rows are not a whole number of groups of the {N} prompts")
     pmask = prompt_mask_NxP.astype(jnp.int32)
     cache = init_cache(model.cfg, N, P, model.dtype)
     hidden_p, cache = model.forward(prompt_NxP, positions_from_mask(pmask), pmask, cache, 0, remat=remat)
-    cache = repeat_cache(cache, G, T)
-    full_mask = jnp.concatenate([jnp.repeat(pmask, G, axis=0), completion_mask_BxT.astype(jnp.int32)], axis=1)
+    if prompt_index_B is None:  # groups in order: a repeat (cheaper than a gather)
+        G = B // N
+        if N * G != B:
+            raise ValueError(f"{B} completion rows are not a whole number of groups of the {N} prompts")
+        rows = lambda x: jnp.repeat(x, G, axis=0)
+        cache = repeat_cache(cache, G, T)
+    else:
+        rows = lambda x: x[prompt_index_B]
+        cache = gather_cache(cache, prompt_index_B, T)
+    full_mask = jnp.concatenate([rows(pmask), completion_mask_BxT.astype(jnp.int32)], axis=1)
     positions = positions_from_mask(full_mask)[:, P:]
     hidden_c, _ = model.forward(completion_BxT, positions, full_mask, cache, P, remat=remat)
     # The prompt's last position predicts completion token 0; completion position t predicts t + 1.
-    h = jnp.concatenate([jnp.repeat(hidden_p[:, -1:], G, axis=0), hidden_c[:, :-1]], axis=1)
-    return token_logp_entropy(h, model.unembed_matrix(), completion_BxT, chunk, temperature)
+    h = jnp.concatenate([rows(hidden_p[:, -1:]), hidden_c[:, :-1]], axis=1)
+    return token_logp_entropy(h, model.unembed_matrix(), completion_BxT, chunk, temperature, entropy_grad)

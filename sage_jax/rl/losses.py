@@ -1,7 +1,7 @@
 """Policy surrogate, KL estimators against SAGE's shaped anchor, and loss aggregation.
 
 Dimension key: ``B`` batch (completions), ``G`` group size, ``T`` completion length,
-``V`` vocab. ``m_t`` = 1 on real completion tokens, 0 on padding and after EOS.
+``V`` vocab. ``m_t`` = 1 on the tokens the loss reads (real completion tokens of kept rows).
 
 Per token (docs/design.md §2)::
 
@@ -13,28 +13,41 @@ Per token (docs/design.md §2)::
     kl_t  = exp(d_t) - d_t - 1  (k3, default) | -d_t  (k1) | d_t^2 / 2  (k2)
     r_t   = exp(lp_t - old_t)                                          (token level)
           | exp(sum_t m_t (lp_t - old_t) / sum_t m_t)                   (sequence level, GSPO)
-    pg_t  = -min(min(r_t, delta) A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i)
-    l_t   = pg_t + beta kl_t                 (beta = 0: no KL term, no reference needed)
+    pg_t  = -min(min(r_t, delta) A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i)     (PPO clip)
+          | -sg(min(r_t, eps_high)) A_i lp_t                           (loss_type cispo, MiniMax-M1 / TRL)
+    l_t   = w_t pg_t + beta kl_t             (beta = 0: no KL term, no reference needed)
+            - entropy_coef H_t               (aggregated as a mean, see below)
 
-The optional ``delta`` cap (two-sided clipping) caps only the unclipped branch, as in TRL; with
-``delta >= 1 + eps_high`` (enforced) this equals ``r_t <- min(r_t, delta)`` applied before the
-clip. Aggregation (``loss_type``)::
+``w_t`` is the sampler correction (1 without one, `sampler_correction`). The optional ``delta`` cap
+(two-sided clipping) caps only the unclipped branch, as in TRL; with ``delta >= 1 + eps_high``
+(enforced) this equals ``r_t <- min(r_t, delta)`` applied before the clip.
 
-    grpo:    mean_i [ sum_t m l / max(1, sum_t m) ]
-    bnpo:    sum m l / max(1, sum m)                       over this micro-batch
-    dr_grpo: sum m l / (B * T_max)                          T_max = max completion length
-    dapo:    sum m l / N_gen                                N_gen = completion tokens in the whole
-                                                            generation batch (``num_batch_tokens``)
+Aggregation (``loss_type``), over the update's kept rows (``Normalizer``: a masked-out row changes neither
+the sum nor its denominator)::
 
-With ``dapo`` the micro-batch losses *sum* to the full-batch loss, so accumulate micro-batch
-gradients by summation (if your accumulator averages over M micro-batches, pass
-``num_batch_tokens = N_gen / M``).
+    grpo:    sum_i [ sum_t m l / max(1, sum_t m) ] / R        R = rows with >= 1 loss token
+    bnpo:    sum m l / max(1, sum m)
+    dr_grpo: sum m l / (R * T_max)                            T_max = max completion length
+    dapo, cispo: sum m l / N_gen                              N_gen = completion tokens in the whole
+                                                              generation batch (``num_batch_tokens``)
+
+The denominators are the whole update's (all its micro-batches'), so the micro-batch losses of gradient
+accumulation simply sum to the update's loss (pass the update's `Normalizer` to each micro-batch).
 
 Objective-level SAGE (``sage_form="reward"``): ``KL(pi || q pi_ref) = KL(pi || pi_ref) - E[sum_t log q_t]``,
 so ``a_t = ref_t`` in the KL term and ``A_i <- A_i + beta sum_t m_t log q_t`` (the reward bonus, q a constant).
-In expectation over y ~ pi the code-level form's gradient is ``-beta sum_y q_y pi_ref(y) grad log pi(y)`` per
-position (k3), the reward form's ``-beta sum_y (pi_ref(y) + pi(y) log q_y) grad log pi(y)``
-(tests/test_losses.py enumerates both exactly).
+In expectation over y ~ pi (on-policy, A = 0, q_t(y_<=t) any positive function of the prefix and the token),
+the gradients are, with ``gl_t(v) = grad log pi(v | y_<t)`` and sums over the next token v at each prefix::
+
+    loss form:   -beta sum_t E_{y<t} [ sum_v q_t(v) ref(v) gl_t(v) ]
+    reward form: -beta sum_t E_{y<t} [ sum_v (ref(v) + pi(v) Q_t(v)) gl_t(v) ],
+                 Q_t(v) = log q_t(v) + E[ sum_{t' > t} log q_t' | y<t, y_t = v ]
+
+The reward form's bonus credits each position with the log q of its own token (the one-token form) plus the
+expected log q still to come (a return-to-go the loss form lacks); the bonus terms of earlier positions have
+zero mean. Both equal ``-beta sum_t E[sum_v ref(v) gl_t(v)]`` when q = 1 (tests/test_loss_corrections.py
+enumerates T = 1, 2, 3 exactly). The KL part stays k3-in-loss, whose expected gradient is that of the
+forward-style pull above.
 
 Forward-KL baseline (``kl_mode="forward"``): ``kl_t = sum_v pi_ref(v) (log pi_ref(v) -
 log pi_theta(v))`` exact per position, from ``forward_kl_from_logits`` which the caller applies
@@ -43,88 +56,15 @@ per sequence chunk (never the full [B, T, V] float32 logits) and passes in as ``
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from sage_jax.rl.loss_config import (ESTIMATORS, IS_LEVELS, KL_MODES, LOSS_TYPES, MISMATCH_LEVELS,  # noqa: F401
+                                     SAGE_FORMS, SAMPLER_CORRECTIONS, TOKEN_SUM_TYPES, LossConfig)
+
 Array = jax.Array
-
-ESTIMATORS = ("k1", "k2", "k3")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-KL_MODES = ("reverse", "forward")
-IS_LEVELS = ("token", "sequence")
-MISMATCH_LEVELS = ("token", "sequence", "geometric")
-SAGE_FORMS = ("loss", "reward")
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    """Static loss configuration (frozen, hashable: usable as a static jit argument)."""
-
-    loss_type: str = "grpo"  # aggregation: grpo | bnpo | dr_grpo | dapo
-    beta: float = 0.04  # KL coefficient (dimensionless, per token); 0 disables the KL term
-    estimator: str = "k3"  # reverse-KL estimator against the shaped anchor: k1 | k2 | k3
-    kl_mode: str = "reverse"  # reverse (shaped anchor, estimator) | forward (exact, to pi_ref)
-    eps_low: float = 0.2  # PPO clip below: ratio >= 1 - eps_low (dimensionless)
-    eps_high: float = 0.2  # PPO clip above: ratio <= 1 + eps_high (DAPO clip-higher: 0.28)
-    delta: float | None = None  # cap on the unclipped ratio (two-sided clip); >= 1 + eps_high
-    importance_sampling_level: str = "token"  # token | sequence (GSPO geometric mean)
-    max_completion_length: int | None = None  # T_max of dr_grpo, tokens; None -> the T axis
-    # Truncated importance sampling against the sampler (TRL's vllm_importance_sampling_correction, token
-    # level): the policy-gradient term of each token is weighted by min(exp(old - sampler), tis_cap). None = off.
-    tis_cap: float | None = None
-    # Masked importance sampling against the sampler (verl's rollout_is with mask mode): the policy-gradient
-    # term of a token (or of every token of a sequence) whose sampler weight leaves [lo, hi] is dropped.
-    mis_bounds: tuple[float, float] | None = None
-    # The sampler weight of TIS and MIS: per token exp(old_t - sampler_t) | per sequence exp(sum_t ...)
-    # (the product of the token weights) | geometric exp(mean_t ...).
-    mismatch_level: str = "token"
-    # High-entropy forking tokens (Wang et al. 2025, "Beyond the 80/20 rule"): only the top fraction of the
-    # micro-batch's completion tokens by policy entropy get the policy gradient (the KL term keeps all).
-    # 1.0 = every token (off).
-    entropy_top_frac: float = 1.0
-    # Where SAGE's guide enters (reverse KL only): "loss", the code-level form (k3 against ref + log q), or
-    # "reward", the objective-level form KL(pi || q pi_ref) = KL(pi || pi_ref) - E[sum_t log q_t]: the KL
-    # against pi_ref alone plus a sequence reward bonus beta sum_t log q_t added to the advantage (no baseline).
-    sage_form: str = "loss"
-
-    def __post_init__(self) -> None:
-        def choice(field: str, choices: tuple) -> None:
-            v = getattr(self, field)
-            if v not in choices:
-                raise ValueError(f"LossConfig.{field}={v!r} is not one of {choices}")
-
-        choice("loss_type", LOSS_TYPES)
-        choice("estimator", ESTIMATORS)
-        choice("kl_mode", KL_MODES)
-        choice("importance_sampling_level", IS_LEVELS)
-        if self.beta < 0:
-            raise ValueError(f"LossConfig.beta must be >= 0, got {self.beta}")
-        if not 0 <= self.eps_low < 1:
-            raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low}")
-        if self.eps_high < 0:
-            raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high}")
-        if self.delta is not None and self.delta < 1 + self.eps_high:
-            raise ValueError(
-                f"LossConfig.delta={self.delta} must be >= 1 + eps_high={1 + self.eps_high} "
-                "(a cap inside the clip range would defeat the PPO clip)"
-            )
-        if self.tis_cap is not None and not self.tis_cap > 0:
-            raise ValueError(f"LossConfig.tis_cap must be > 0 (or None = off), got {self.tis_cap}")
-        choice("mismatch_level", MISMATCH_LEVELS)
-        choice("sage_form", SAGE_FORMS)
-        if self.mis_bounds is not None and not (len(self.mis_bounds) == 2
-                                                and 0 <= self.mis_bounds[0] < 1 < self.mis_bounds[1]):
-            raise ValueError(f"LossConfig.mis_bounds={self.mis_bounds} must be (lo, hi) with 0 <= lo < 1 < hi")
-        if not 0 < self.entropy_top_frac <= 1:
-            raise ValueError(f"LossConfig.entropy_top_frac={self.entropy_top_frac} must be in (0, 1]")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(
-                f"LossConfig.max_completion_length must be >= 1, got {self.max_completion_length}"
-            )
-
-
 def _ftype(x: Array) -> jnp.dtype:
     # At least float32 (bf16 logps are upcast); float64 stays float64 under x64.
     return jnp.promote_types(jnp.asarray(x).dtype, jnp.float32)
@@ -173,43 +113,64 @@ def forward_kl_from_logits(
     return kl
 
 
+# ------------------------------------------------------------------------------------------ aggregation
+class Normalizer(NamedTuple):
+    """The denominators of one update, counted over all of its micro-batches."""
+    rows: Array  # rows with at least one loss token (a masked-out row is not a row of the update)
+    tokens: Array  # loss tokens
+    pg_tokens: Array  # loss tokens that keep the policy gradient (entropy_top_frac's selection; = tokens)
+    batch_tokens: Array  # dapo / cispo: the generation batch's loss tokens (num_batch_tokens), else = tokens
+
+
+def normalizer(mask_BxT: Array, num_batch_tokens: Array | int | None = None,
+               selected_BxT: Array | None = None) -> Normalizer:
+    """The `Normalizer` of an update whose loss mask is `mask_BxT` (all its micro-batches' rows)."""
+    m = mask_BxT.astype(bool)
+    f = jnp.float32
+    tokens = m.sum().astype(f)
+    pg = tokens if selected_BxT is None else (m & selected_BxT.astype(bool)).sum().astype(f)
+    batch = tokens if num_batch_tokens is None else jnp.asarray(num_batch_tokens, f)
+    return Normalizer(m.any(axis=-1).sum().astype(f), tokens, pg, batch)
+
+
 def aggregate(
     per_token_BxT: Array,
     mask_BxT: Array,
     loss_type: str = "grpo",
     num_batch_tokens: Array | int | None = None,
     max_completion_length: int | None = None,
+    norm: Normalizer | None = None,
 ) -> Array:
     """Reduce a per-token loss to a scalar with ``loss_type``'s normaliser (module docstring).
 
-    ``num_batch_tokens`` (dapo): completion tokens of the whole generation batch; None -> this
-    micro-batch's count. ``max_completion_length`` (dr_grpo): None -> ``T``.
+    ``norm``: the update's denominators (None: this batch is the whole update). ``num_batch_tokens``
+    (dapo, cispo; used when ``norm`` is None): completion tokens of the whole generation batch; None -> this
+    batch's count. ``max_completion_length`` (dr_grpo): None -> ``T``.
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type={loss_type!r}; expected one of {LOSS_TYPES}")
     m = mask_BxT.astype(bool)
     dtype = _ftype(per_token_BxT)
-    mf = m.astype(dtype)
+    if norm is None:
+        norm = normalizer(m, num_batch_tokens)
+    one = jnp.ones((), dtype)
     # where (not multiply) so garbage (nan / inf) on padding cannot leak into the sum.
     ml = jnp.where(m, per_token_BxT.astype(dtype), jnp.zeros((), dtype))
-    B, T = mask_BxT.shape
+    T = mask_BxT.shape[-1]
     if loss_type == "grpo":
-        per_seq_B = ml.sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
-        return per_seq_B.mean()
+        per_seq_B = ml.sum(-1) / jnp.maximum(m.sum(-1).astype(dtype), one)
+        return per_seq_B.sum() / jnp.maximum(norm.rows.astype(dtype), one)
     if loss_type == "bnpo":
-        return ml.sum() / jnp.maximum(mf.sum(), 1.0)
+        return ml.sum() / jnp.maximum(norm.tokens.astype(dtype), one)
     if loss_type == "dr_grpo":
         t_max = T if max_completion_length is None else max_completion_length
         if t_max < T:
-            raise ValueError(
-                f"LossConfig.max_completion_length={t_max} is smaller than the mask's T={T}"
-            )
-        return ml.sum() / (B * t_max)
-    # dapo
-    n = mf.sum() if num_batch_tokens is None else jnp.asarray(num_batch_tokens, dtype)
-    return ml.sum() / jnp.maximum(n, 1.0)
+            raise ValueError(f"rollout.max_new_tokens={t_max} (dr_grpo's T_max) is smaller than the mask's T={T}")
+        return ml.sum() / (jnp.maximum(norm.rows.astype(dtype), one) * t_max)
+    return ml.sum() / jnp.maximum(norm.batch_tokens.astype(dtype), one)  # dapo, cispo
 
 
+# ------------------------------------------------------------------------------------------ corrections
 def sampler_weight(old_BxT: Array, sampler_BxT: Array, mf_BxT: Array, level: str = "token") -> Array:
     """The sampler/trainer importance weight of each token, BxT: exp(old_t - sampler_t) ("token"), or one
     value per sequence broadcast over its tokens, exp(sum_t m_t (old_t - sampler_t)) ("sequence") or
@@ -223,6 +184,44 @@ def sampler_weight(old_BxT: Array, sampler_BxT: Array, mf_BxT: Array, level: str
     return jnp.broadcast_to(jnp.exp(s_B)[:, None], d.shape)
 
 
+def _masked_mean(x_BxT: Array, mf_BxT: Array) -> Array:
+    return jax.lax.stop_gradient((x_BxT * mf_BxT).sum() / jnp.maximum(mf_BxT.sum(), 1.0))
+
+
+def sampler_correction(old_BxT: Array, sampler_BxT: Array, lp_BxT: Array, adv_Bx1: Array, mf_BxT: Array,
+                       cfg: LossConfig) -> tuple[Array, dict[str, Array]]:
+    """The weight of each token's policy-gradient term against the sampler that drew it (stop-gradient), BxT:
+    TIS min(w, cap), MIS w inside [lo, hi], RS 1 inside [lo, hi] (0 outside both), times OPSM's sequence mask
+    (0 for a sequence with A < 0 whose mean_t (sampler_t - lp_t) > opsm_threshold). And its metrics, among them
+    `mismatch_kl`, the k3 estimate of KL(sampler || trainer) on the sampler's draws: E_s[exp(d) - d - 1],
+    d = old - sampler."""
+    dtype = mf_BxT.dtype
+    w_raw = sampler_weight(old_BxT, sampler_BxT, mf_BxT, cfg.mismatch_level)
+    d = old_BxT - sampler_BxT
+    metrics = {"mismatch_kl": _masked_mean(jnp.expm1(d) - d, mf_BxT)}
+    weight = jnp.ones_like(w_raw)
+    if cfg.tis_cap is not None:
+        weight = jnp.minimum(w_raw, cfg.tis_cap)
+        metrics["tis_capped"] = _masked_mean((w_raw > cfg.tis_cap).astype(dtype), mf_BxT)
+    elif cfg.mis_bounds is not None:
+        weight = w_raw
+    bounds, name = (cfg.mis_bounds, "mis_masked") if cfg.mis_bounds is not None else (cfg.rs_bounds, "rs_masked")
+    if bounds is not None:
+        inside = (w_raw >= bounds[0]) & (w_raw <= bounds[1])
+        weight = jnp.where(inside, weight, 0.0)
+        metrics[name] = _masked_mean((~inside).astype(dtype), mf_BxT)
+    if cfg.opsm_threshold is not None:
+        n_B = jnp.maximum(mf_BxT.sum(-1), 1.0)
+        seq_kl_B = ((sampler_BxT - jax.lax.stop_gradient(lp_BxT)) * mf_BxT).sum(-1) / n_B
+        keep_B = (adv_Bx1[:, 0] >= 0) | (seq_kl_B <= cfg.opsm_threshold)
+        weight = weight * keep_B[:, None].astype(dtype)
+        metrics["opsm_masked"] = _masked_mean(jnp.broadcast_to(~keep_B[:, None], mf_BxT.shape).astype(dtype),
+                                              mf_BxT)
+    if cfg.corrects_sampler:
+        metrics["is_weight_mean"] = _masked_mean(weight, mf_BxT)
+    return jax.lax.stop_gradient(weight), metrics
+
+
 def top_entropy_tokens(entropy_BxT: Array, mask_BxT: Array, frac: float) -> Array:
     """BxT bool: the completion tokens whose entropy is among the top `frac` of this batch's completion
     tokens (k = ceil(frac * n) of n; ties at the threshold are all kept)."""
@@ -234,8 +233,30 @@ def top_entropy_tokens(entropy_BxT: Array, mask_BxT: Array, frac: float) -> Arra
     return m & (entropy_BxT >= threshold)
 
 
-def _masked_mean(x_BxT: Array, mf_BxT: Array) -> Array:
-    return jax.lax.stop_gradient((x_BxT * mf_BxT).sum() / jnp.maximum(mf_BxT.sum(), 1.0))
+def clip_metrics(ratio_BxT: Array, adv_Bx1: Array, mf_BxT: Array, cfg: LossConfig) -> dict[str, Array]:
+    """The clip's bookkeeping: mean ratio, and the token fractions clipped below (r < 1 - eps_low, A < 0), above
+    (r > 1 + eps_high, A > 0; cispo: its weight capped, r > eps_high, A > 0, as TRL counts it), in either, and
+    capped by delta."""
+    dtype = mf_BxT.dtype
+    r, a = jax.lax.stop_gradient(ratio_BxT), jax.lax.stop_gradient(adv_Bx1)
+    cispo = cfg.loss_type == "cispo"
+    low = jnp.zeros(r.shape, bool) if cispo else (r < 1.0 - cfg.eps_low) & (a < 0)
+    high = (r > (cfg.eps_high if cispo else 1.0 + cfg.eps_high)) & (a > 0)
+    out = dict(ratio_mean=_masked_mean(r, mf_BxT), clip_low=_masked_mean(low.astype(dtype), mf_BxT),
+               clip_high=_masked_mean(high.astype(dtype), mf_BxT),
+               clip_region=_masked_mean((low | high).astype(dtype), mf_BxT))
+    if cfg.delta is not None:
+        out["delta_capped"] = _masked_mean((r > cfg.delta).astype(dtype), mf_BxT)
+    return out
+
+
+def _surrogate(lp: Array, ratio: Array, adv_Bx1: Array, cfg: LossConfig) -> Array:
+    """pg_t before the sampler correction: PPO's clipped surrogate, or CISPO's -sg(min(r, eps_high)) A lp."""
+    if cfg.loss_type == "cispo":
+        return -jax.lax.stop_gradient(jnp.minimum(ratio, cfg.eps_high)) * adv_Bx1 * lp
+    ratio_clipped = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    ratio_unclipped = ratio if cfg.delta is None else jnp.minimum(ratio, cfg.delta)
+    return -jnp.minimum(ratio_unclipped * adv_Bx1, ratio_clipped * adv_Bx1)
 
 
 def policy_loss(
@@ -250,47 +271,44 @@ def policy_loss(
     forward_kl_BxT: Array | None = None,
     sampler_logp_BxT: Array | None = None,
     entropy_BxT: Array | None = None,
+    norm: Normalizer | None = None,
+    selected_BxT: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """SAGE / GRPO-family loss ``aggregate(pg + beta kl)`` and its metrics.
+    """SAGE / GRPO-family loss ``aggregate(w pg + beta kl) - entropy_coef H`` and its metrics.
 
     ``old_logp_BxT=None``: on-policy (old = stop_gradient(logp), ratio 1 with the right
     gradient). ``ref_logp_BxT`` / ``log_q_BxT`` are unused when ``beta == 0`` (pass None);
     ``log_q_BxT=None`` means q = 1. ``forward_kl_BxT`` is required by ``kl_mode="forward"``.
-    ``sampler_logp_BxT`` (required by ``tis_cap``): the sampler's log-prob of each token before top-k /
-    top-p / min-p (temperature-scaled, what the trainer's forward computes; vLLM's raw log-probs at
-    temperature 1), so the weight min(exp(old - sampler), cap) measures sampler/trainer numerics only and
-    never the filters' kept mass. TRL 0.23 multiplies the clipped policy-gradient term by it, then adds
-    beta kl unweighted; so does this.
+    ``sampler_logp_BxT`` (required by the sampler corrections and OPSM): the sampler's log-prob of each token
+    before top-k / top-p / min-p (temperature-scaled, what the trainer's forward computes; vLLM's raw log-probs
+    at temperature 1), so the weight measures sampler/trainer numerics only and never the filters' kept mass.
+    As TRL, the weight multiplies the policy-gradient term only; beta kl is added unweighted.
 
-    ``mis_bounds`` masks the policy-gradient term where that weight (per ``mismatch_level``) leaves
-    [lo, hi]; both log ``mismatch_kl``. ``entropy_BxT`` (required by ``entropy_top_frac < 1``): the
-    policy's per-token entropy, which picks the tokens that keep their policy gradient.
+    ``entropy_BxT`` (required by ``entropy_top_frac < 1`` and ``entropy_coef > 0``): the policy's per-token
+    entropy; differentiated by the bonus, a constant for the selection. ``selected_BxT``: the tokens that keep
+    the policy gradient when chosen over a larger set than this batch (the update); None = chosen here.
+    ``norm``: the update's denominators (`normalizer`), when this batch is one of its micro-batches.
 
-    Metrics (means over the micro-batch's completion tokens): ``loss``, ``pg_loss``,
-    ``kl_loss`` (= aggregated beta kl, so loss = pg_loss + kl_loss), ``kl``, ``ratio_mean``,
-    ``clip_low`` (r < 1 - eps_low and A < 0), ``clip_high`` (r > 1 + eps_high and A > 0),
-    ``clip_region`` (either), ``delta_capped`` (r > delta, only with delta). KL entries only
-    when beta > 0.
+    Metrics (means over the batch's loss tokens): ``loss``, ``pg_loss``, ``kl_loss`` (= aggregated beta kl),
+    ``entropy_loss`` (= -entropy_coef x the mean entropy, with the bonus), so loss = pg_loss + kl_loss +
+    entropy_loss; ``kl``, the clip metrics (`clip_metrics`) and the sampler correction's
+    (`sampler_correction`). KL entries only when beta > 0.
     """
     dtype = _ftype(logp_BxT)
     m = mask_BxT.astype(bool)
     mf = m.astype(dtype)
     zero = jnp.zeros((), dtype)
-    # Zero padded inputs with where so padding garbage gets exactly zero (and finite) gradient.
-    lp = jnp.where(m, logp_BxT.astype(dtype), zero)
-    if old_logp_BxT is None:
-        old = jax.lax.stop_gradient(lp)
-    else:
-        old = jax.lax.stop_gradient(jnp.where(m, old_logp_BxT.astype(dtype), zero))
+    masked = lambda x: jnp.where(m, x.astype(dtype), zero)  # where: padding garbage gets exactly zero gradient
+    lp = masked(logp_BxT)
+    old = jax.lax.stop_gradient(lp if old_logp_BxT is None else masked(old_logp_BxT))
     adv_Bx1 = jax.lax.stop_gradient(adv_B.astype(dtype))[:, None]
-    log_q = None
-    if log_q_BxT is not None:
-        log_q = jax.lax.stop_gradient(jnp.where(m, log_q_BxT.astype(dtype), zero))
-    bonus_B = None
+    log_q = None if log_q_BxT is None else jax.lax.stop_gradient(masked(log_q_BxT))
+    metrics: dict[str, Array] = {}
     if cfg.sage_form == "reward" and log_q is not None and cfg.beta > 0:
         bonus_B = cfg.beta * log_q.sum(-1)  # the objective's reward bonus beta sum_t log q_t
         adv_Bx1 = adv_Bx1 + bonus_B[:, None]
         log_q = None  # the KL term is then against pi_ref alone
+        metrics["sage_bonus"] = jax.lax.stop_gradient(bonus_B.mean())
 
     log_ratio = lp - old
     if cfg.importance_sampling_level == "sequence":
@@ -298,66 +316,50 @@ def policy_loss(
         log_ratio_B = (log_ratio * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
         log_ratio = jnp.broadcast_to(log_ratio_B[:, None], lp.shape)
     ratio = jnp.exp(log_ratio)
-    ratio_clipped = jnp.clip(ratio, 1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
-    ratio_unclipped = ratio if cfg.delta is None else jnp.minimum(ratio, cfg.delta)
-    pg = -jnp.minimum(ratio_unclipped * adv_Bx1, ratio_clipped * adv_Bx1)
-    metrics: dict[str, Array] = {}
-    if cfg.tis_cap is not None or cfg.mis_bounds is not None:
+    pg = _surrogate(lp, ratio, adv_Bx1, cfg)
+    if cfg.corrects_sampler or cfg.opsm_threshold is not None:
         if sampler_logp_BxT is None:
-            raise ValueError("LossConfig.tis_cap / mis_bounds need sampler_logp_BxT (got None)")
-        sampler = jax.lax.stop_gradient(jnp.where(m, sampler_logp_BxT.astype(dtype), zero))
-        w_raw = sampler_weight(old, sampler, mf, cfg.mismatch_level)
-        d = old - sampler  # per token: the trainer's log-prob minus the sampler's
-        metrics["mismatch_kl"] = _masked_mean(jnp.expm1(-d) + d, mf)  # k3 estimate of KL(sampler || trainer)
-        if cfg.tis_cap is not None:
-            pg = pg * jnp.minimum(w_raw, cfg.tis_cap)
-            metrics["tis_weight_mean"] = _masked_mean(jnp.minimum(w_raw, cfg.tis_cap), mf)
-            metrics["tis_capped"] = _masked_mean((w_raw > cfg.tis_cap).astype(dtype), mf)
-        if cfg.mis_bounds is not None:
-            keep = (w_raw >= cfg.mis_bounds[0]) & (w_raw <= cfg.mis_bounds[1])
-            pg = jnp.where(keep, pg, zero)
-            metrics["mis_masked"] = _masked_mean((~keep).astype(dtype), mf)
+            raise ValueError("rl.tis_cap / mis_bounds / rs_bounds / opsm_threshold need sampler_logp_BxT (got None)")
+        sampler = jax.lax.stop_gradient(masked(sampler_logp_BxT))
+        weight, corr = sampler_correction(old, sampler, lp, adv_Bx1, mf, cfg)
+        pg = pg * weight
+        metrics.update(corr)
+    needs_entropy = cfg.entropy_top_frac < 1 or cfg.entropy_coef > 0
+    if needs_entropy and entropy_BxT is None:
+        raise ValueError("rl.entropy_top_frac < 1 and rl.entropy_coef > 0 need entropy_BxT (got None)")
+    selected = m
     if cfg.entropy_top_frac < 1:
-        if entropy_BxT is None:
-            raise ValueError(f"LossConfig.entropy_top_frac={cfg.entropy_top_frac} needs entropy_BxT (got None)")
-        selected = top_entropy_tokens(jax.lax.stop_gradient(entropy_BxT.astype(dtype)), m, cfg.entropy_top_frac)
+        selected = m & (selected_BxT.astype(bool) if selected_BxT is not None else
+                        top_entropy_tokens(jax.lax.stop_gradient(masked(entropy_BxT)), m, cfg.entropy_top_frac))
         pg = jnp.where(selected, pg, zero)
         metrics["pg_token_frac"] = _masked_mean(selected.astype(dtype), mf)
+    if norm is None:
+        norm = normalizer(m, num_batch_tokens, selected)
 
-    agg = lambda x: aggregate(x, m, cfg.loss_type, num_batch_tokens, cfg.max_completion_length)
+    agg = lambda x: aggregate(x, m, cfg.loss_type, max_completion_length=cfg.max_completion_length, norm=norm)
     pg_loss = agg(pg)
-
+    loss = pg_loss
     if cfg.beta > 0:
         if cfg.kl_mode == "reverse":
             if ref_logp_BxT is None:
-                raise ValueError(f"LossConfig.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
-            ref = jax.lax.stop_gradient(jnp.where(m, ref_logp_BxT.astype(dtype), zero))
-            kl = per_token_kl(lp, ref, log_q, cfg.estimator)
+                raise ValueError(f"rl.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
+            kl = per_token_kl(lp, jax.lax.stop_gradient(masked(ref_logp_BxT)), log_q, cfg.estimator)
         else:
             if forward_kl_BxT is None:
-                raise ValueError("LossConfig.kl_mode='forward' needs forward_kl_BxT (got None)")
-            kl = jnp.where(m, forward_kl_BxT.astype(dtype), zero)
+                raise ValueError("rl.kl_mode='forward' needs forward_kl_BxT (got None)")
+            kl = masked(forward_kl_BxT)
         kl_loss = agg(cfg.beta * kl)
-        loss = agg(pg + cfg.beta * kl)
+        loss = loss + kl_loss
         metrics["kl"] = _masked_mean(kl, mf)
         metrics["kl_loss"] = jax.lax.stop_gradient(kl_loss)
-    else:
-        loss = pg_loss
-
-    r = jax.lax.stop_gradient(ratio)
-    a = jax.lax.stop_gradient(adv_Bx1)
-    low = (r < 1.0 - cfg.eps_low) & (a < 0)
-    high = (r > 1.0 + cfg.eps_high) & (a > 0)
-    metrics.update(
-        loss=jax.lax.stop_gradient(loss),
-        pg_loss=jax.lax.stop_gradient(pg_loss),
-        ratio_mean=_masked_mean(r, mf),
-        clip_low=_masked_mean(low.astype(dtype), mf),
-        clip_high=_masked_mean(high.astype(dtype), mf),
-        clip_region=_masked_mean((low | high).astype(dtype), mf),
-    )
-    if cfg.delta is not None:
-        metrics["delta_capped"] = _masked_mean((r > cfg.delta).astype(dtype), mf)
-    if bonus_B is not None:
-        metrics["sage_bonus"] = jax.lax.stop_gradient(bonus_B.mean())
+    if cfg.entropy_coef > 0:
+        # the mean entropy of the tokens that keep the policy gradient (TRL: of its effective mask): over the
+        # update's such tokens, or the generation batch's tokens for dapo / cispo
+        denom = norm.batch_tokens if cfg.loss_type in TOKEN_SUM_TYPES else norm.pg_tokens
+        ent_mean = jnp.where(selected, entropy_BxT.astype(dtype), zero).sum() / jnp.maximum(denom.astype(dtype), 1.0)
+        entropy_loss = -cfg.entropy_coef * ent_mean
+        loss = loss + entropy_loss
+        metrics["entropy_loss"] = jax.lax.stop_gradient(entropy_loss)
+    metrics.update(loss=jax.lax.stop_gradient(loss), pg_loss=jax.lax.stop_gradient(pg_loss),
+                   **clip_metrics(ratio, adv_Bx1, mf, cfg))
     return loss, metrics

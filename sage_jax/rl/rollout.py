@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from sage_jax import sharding as shd
 from sage_jax.rewards.host import HostReward, host_rewards
 from sage_jax.rl import dapo
-from sage_jax.rl.advantages import group_advantages, pass_at_k_advantages
+from sage_jax.rl.advantages import group_advantages, pass_at_k_advantages, pass_at_k_informative
 from sage_jax.sampling import generate
 
 Array = jax.Array
@@ -39,12 +39,6 @@ class Rollout(NamedTuple):
     raw_logp_BxT: Array | None  # the sampler's log-probs before top-k / top-p / min-p
     adv_B: Array
     metrics: dict[str, Array]
-
-
-def _stopped(tokens_BxT, cmask_BxT, eos_ids) -> Array:
-    """Rows that ended with an end-of-sequence token (the others were truncated at max_new_tokens)."""
-    eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
-    return jnp.any(jnp.isin(tokens_BxT, eos) & cmask_BxT.astype(bool), axis=1)
 
 
 def rollout(policy, batch: dict[str, Array], key, cfg, reward_host: HostReward, mesh=None) -> Rollout:
@@ -67,6 +61,7 @@ class Samples(NamedTuple):
     tokens_BxT: Array
     cmask_BxT: Array
     raw_logp_BxT: Array | None
+    stopped_B: Array  # ended by an end-of-sequence id or a stop string (not truncated at max_new_tokens)
 
 
 def _rows(x):
@@ -85,15 +80,16 @@ def sample(policy, batch: dict[str, Array], key, cfg) -> Samples:
         out = generate(policy, prompt, pmask, key, cfg.sampling, group_size=G)
     else:
         out = generate(policy, _rep(batch["prompt"], G), _rep(batch["prompt_mask"], G), key, cfg.sampling)
-    return Samples(prompt, pmask, out.tokens_BxT, out.mask_BxT, out.raw_logp_BxT)
+    return Samples(prompt, pmask, out.tokens_BxT, out.mask_BxT, out.raw_logp_BxT, out.stopped_B)
 
 
 def verify(s: Samples, answers_BxA, cfg, reward_host: HostReward, mesh=None):
     """(rewards_B, stopped_B, metrics): the verifier's rewards through the host callback, which rows ended with
-    an end-of-sequence token, and the rollout's length and failure counts (of every generated row)."""
+    an end-of-sequence id or a stop string (the others hit max_new_tokens: truncated), and the rollout's length
+    and failure counts (of every generated row)."""
     rewards, failed = host_rewards(reward_host, s.tokens_BxT, s.cmask_BxT, answers_BxA, mesh)
     lengths = s.cmask_BxT.sum(axis=1)
-    stopped = _stopped(s.tokens_BxT, s.cmask_BxT, cfg.sampling.eos_ids)
+    stopped = s.stopped_B
     metrics = {"rollout/length_mean": lengths.mean(), "rollout/length_min": lengths.min(),
                "rollout/length_max": lengths.max(), "rollout/truncated_frac": 1.0 - stopped.mean(),
                "rollout/tokens": s.cmask_BxT.sum()}
@@ -105,7 +101,8 @@ def verify(s: Samples, answers_BxA, cfg, reward_host: HostReward, mesh=None):
 
 def keep(s: Samples, rewards, stopped, cfg):
     """DAPO's sample-level options: the overlong penalty (shaped = rewards + penalty), dynamic sampling (the N
-    groups with unequal rewards first, of k x N generated) and the overlong filter. Returns the kept
+    groups with a learning signal first, of k x N generated: unequal rewards, or under rl.pass_at_k a nonzero
+    pass@k advantage) and the overlong filter (truncated rows: no end-of-sequence id or stop string). Returns the kept
     (samples, rewards, shaped rewards, loss mask) and their metrics; without the options, the input."""
     G, k = cfg.group_size, cfg.dynamic_sampling
     metrics, shaped = {}, rewards
@@ -119,13 +116,14 @@ def keep(s: Samples, rewards, stopped, cfg):
     if k > 1:
         # the generation metrics above cover all k x N groups, the rest the kept N
         metrics.update({f"reward/{m}": v for m, v in group_advantages(rewards, G, cfg.scale_rewards)[1].items()})
-        idx, informative, ds = dapo.select_groups(rewards, G, rewards.shape[0] // G // k)
+        signal_G = pass_at_k_informative(rewards, G, cfg.pass_at_k) if cfg.pass_at_k else None
+        idx, informative, ds = dapo.select_groups(rewards, G, rewards.shape[0] // G // k, signal_G)
         metrics.update({f"dynamic/{m}_groups": v for m, v in ds.items()})
         take = dapo.group_rows(idx, G)
         raw = None if s.raw_logp_BxT is None else _rows(s.raw_logp_BxT[take])
-        s = Samples(_rows(s.prompt_NxP[idx]), _rows(s.pmask_NxP[idx]), _rows(s.tokens_BxT[take]),
-                    _rows(s.cmask_BxT[take]), raw)
         rewards, shaped, stopped = (_rows(x[take]) for x in (rewards, shaped, stopped))
+        s = Samples(_rows(s.prompt_NxP[idx]), _rows(s.pmask_NxP[idx]), _rows(s.tokens_BxT[take]),
+                    _rows(s.cmask_BxT[take]), raw, stopped)
         keep_B = jnp.repeat(informative, G)
     if cfg.overlong_filter:
         keep_B = keep_B & stopped

@@ -42,6 +42,13 @@ def merge_policy(graphdef, params, frozen_params=None):
     return nnx.merge(graphdef, params, frozen_params, copy=True)
 
 
+def reference_params(state: TrainState):
+    """The frozen reference: its own copy, or under LoRA the same base with zeroed adapters (no copy)."""
+    if state.frozen_params is None:
+        return state.ref_params
+    return jax.tree.map(jnp.zeros_like, state.params)
+
+
 def policy_model(graphdef, state: TrainState):
     """The policy of a train state (under LoRA: the base with the trained adapters attached)."""
     return merge_policy(graphdef, state.params, state.frozen_params)

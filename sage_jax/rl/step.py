@@ -4,9 +4,10 @@
                   through a host callback, DAPO's sample-level options, advantages adv_B
   2. reference    (`no_gradient_passes`) the frozen reference's log-probs and entropies (only when beta > 0
                   with the reverse KL), and PPO's `old` log-probs (only with several updates per rollout)
-  3. update scan  (`update_scan`) num_iterations x M minibatch updates: policy log-probs and entropies
-                  (chunked), guide q, policy loss, gradients (summed over J micro-batches), one optax update
-  4. metrics      (`reduce_metrics`) each metric reduced as `METRIC_REDUCTION` says
+  3. update scan  (`update.update_scan`) num_iterations x M minibatch updates: policy log-probs and
+                  entropies (chunked), guide q, policy loss, gradients (summed over J micro-batches), one optax
+                  update (skipped when its minibatch has no loss token)
+  4. metrics      (`update.reduce_metrics`) each metric reduced as `update.METRIC_REDUCTION` says
 
 Dimension key (docs/design.md §5.4): N prompts trained on, G completions per prompt, B = N x G rows
 (group-contiguous), P prompt length (left padded), T completion length, S = P + T, A answer tokens, M
@@ -17,9 +18,9 @@ updates, old = the trainer's forward under the sampling params, once before the 
 log-probs are after top-k / top-p / min-p, not the trainer's). The guide schedule's step, the RNG and the
 counters live in `TrainState`; nothing lives on the Python side.
 
-Gradient accumulation: each update sums the gradients of J equal micro-batches (`micro_loss_share` rescales
-each micro-batch's loss so that the shares sum exactly to the minibatch loss, for every `loss_type`), then
-applies ONE optimizer update. LoRA (`models.lora.add_lora` before `init_train_state`): `params` = the adapters
+Gradient accumulation: each update sums the gradients of J equal micro-batches (each normalised by the whole
+update's denominators, `losses.normalizer`, so they sum exactly to the minibatch loss for every `loss_type`),
+then applies ONE optimizer update. LoRA (`models.lora.add_lora` before `init_train_state`): `params` = the adapters
 (the only optimizer state), `frozen_params` = the base; the reference is the base with zeroed adapters (no
 copy of the weights).
 """
@@ -35,12 +36,12 @@ import jax.numpy as jnp
 import optax
 
 from sage_jax import sharding as shd
-from sage_jax.models import lora as lora_lib
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_forward_kl, sequence_logp_entropy
+from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.rl.rollout import Rollout, rollout
-from sage_jax.rl.state import TrainState, merge_policy
+from sage_jax.rl.state import TrainState, merge_policy, reference_params
+from sage_jax.rl.update import UPDATE_SHUFFLES, Scores, reduce_metrics, update_scan
 from sage_jax.sampling import SamplingConfig
 
 Array = jax.Array
@@ -80,6 +81,10 @@ class RLConfig:
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     overlong_filter: bool = False
+    # How the rows are split into the M minibatches (rl/update.py): none (batch order) | groups (a permutation
+    # of whole groups) | rows (a permutation of the rows: TRL 0.23's shuffle; the training forward then repeats
+    # the prompts). Drawn once per rollout.
+    update_shuffle: str = "none"
 
     def __post_init__(self):
         """The rules on the step's settings, in one place, each naming the config field that sets it
@@ -109,13 +114,20 @@ class RLConfig:
         if self.loss.beta == 0 and self.guide != "none":
             raise ValueError(f"sage.guide={self.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does "
                              "not exist without a KL term; set sage.guide='none' or rl.beta > 0")
+        if self.update_shuffle not in UPDATE_SHUFFLES:
+            raise ValueError(f"rl.update_shuffle={self.update_shuffle!r} is not one of {UPDATE_SHUFFLES}")
+        if self.pass_at_k and self.overlong_buffer:
+            raise ValueError(f"rl.pass_at_k={self.pass_at_k} with rl.overlong_buffer={self.overlong_buffer}: the pass@k "
+                             "advantage reads the verifier's 0/1 rewards, so the length penalty would have no effect; "
+                             "set one of them to 0")
         if self.loss.kl_mode == "forward" and self.guide != "none":
             raise ValueError(f"sage.guide={self.guide!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref "
                              "itself and a guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
 
     def check_batch(self, num_prompts: int) -> None:
-        """The rules on the batch shape, before anything is traced: `num_prompts` sampled per step (K), of which
-        N = K / rl.dynamic_sampling are trained on as B = N x G rows, in M minibatches of J micro-batches."""
+        """The rules on the batch shape, before anything is traced: `num_prompts` sampled per step, of which
+        N = num_prompts / rl.dynamic_sampling are trained on as B = N x G rows, in M minibatches of J
+        micro-batches."""
         if num_prompts % self.dynamic_sampling:
             raise ValueError(f"{num_prompts} prompts sampled per step, not a multiple of rl.dynamic_sampling="
                              f"{self.dynamic_sampling}")
@@ -137,62 +149,6 @@ class RLConfig:
     @property
     def multi_update(self) -> bool:
         return self.num_iterations > 1 or self.num_minibatches > 1
-
-
-_first = lambda v: v[0]
-_last = lambda v: v[-1]
-
-# How each metric of the update scan reduces: over the J micro-batches of one update, then over the step's U
-# updates; and its namespace in metrics.jsonl. A metric not listed: the mean, then the mean, under train/.
-METRIC_REDUCTION = {
-    # name:          (micro-batches, updates, namespace)
-    "loss": (jnp.sum, jnp.mean, "train"),  # a micro-batch's loss is its share of the update's loss
-    "pg_loss": (jnp.sum, jnp.mean, "train"),
-    "kl_loss": (jnp.sum, jnp.mean, "train"),
-    # sampler-vs-trainer numerics: only update 0 runs under the params that sampled, free of earlier drift
-    "logp_diff_mean": (jnp.mean, _first, "train"),
-    "logp_diff_max": (jnp.max, _first, "train"),
-    "grad_norm": (None, jnp.mean, "train"),  # once per update
-    "lr": (None, _last, "train"),
-    "q_mean": (jnp.mean, jnp.mean, "sage"),
-    "q_min": (jnp.min, jnp.min, "sage"),
-    "q_max": (jnp.max, jnp.max, "sage"),
-    "frac_shaped": (jnp.mean, jnp.mean, "sage"),
-}
-_DEFAULT_REDUCTION = (jnp.mean, jnp.mean, "train")
-
-
-def _reduction(name: str):
-    return METRIC_REDUCTION.get(name, _DEFAULT_REDUCTION)
-
-
-def micro_loss_share(loss: Array, mask_BxT: Array, loss_type: str, num_micro: int, batch_tokens: Array) -> Array:
-    """A micro-batch's loss -> its share of the loss of the whole (equal-size) micro-batch set, so the
-    shares (and their gradients) sum exactly to the one-big-batch loss (gradient accumulation):
-
-      grpo:    mean over this micro-batch's rows      -> / num_micro
-      dr_grpo: sum / (B_micro * T_max)                 -> / num_micro
-      bnpo:    S_j / max(1, n_j)  (n_j its tokens)     -> S_j / max(1, n), n = the whole set's tokens
-      dapo:    S_j / n_gen (already the generation batch's count, `num_batch_tokens`) -> unchanged
-    """
-    if loss_type in ("grpo", "dr_grpo"):
-        return loss / num_micro
-    if loss_type == "bnpo":
-        n = jnp.maximum(mask_BxT.astype(jnp.float32).sum(), 1.0)
-        return loss * (n / jnp.maximum(jnp.asarray(batch_tokens, jnp.float32), 1.0))
-    return loss
-
-
-def accumulate_grads(loss_fn, params, num_micro: int):
-    """Sum of `jax.value_and_grad(loss_fn, has_aux=True)(params, j)` over micro-batches j (a scan, so one
-    micro-batch's activations are live at a time). Returns (summed loss, metrics stacked over j, grads)."""
-    def body(acc, j):
-        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params, j)
-        return jax.tree.map(jnp.add, acc, g), (loss, m)
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    grads, (loss_j, ms) = jax.lax.scan(body, zeros, jnp.arange(num_micro))
-    return loss_j.sum(), ms, grads
 
 
 def rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLConfig, tx, lr_fn,
@@ -224,9 +180,8 @@ def _rl_step(state: TrainState, batch: dict[str, Array], *, graphdef, cfg: RLCon
     merge = lambda p: merge_policy(graphdef, p, state.frozen_params)
 
     ro = rollout(merge(jax.lax.stop_gradient(state.params)), batch, k_sample, cfg, reward_host, mesh)
-    ref_logp, ref_ent, old_logp = no_gradient_passes(state, ro, merge, cfg)
-    (params, opt_state, step), ms = update_scan(state, ro, ref_logp, ref_ent, old_logp, merge, cfg, tx, lr_fn,
-                                                k_guide)
+    scores = no_gradient_passes(state, ro, merge, cfg)
+    (params, opt_state, step), ms = update_scan(state, ro, scores, merge, cfg, tx, lr_fn, k_guide)
     metrics = {**reduce_metrics(ms), **ro.metrics}
     return state.replace(step=step, params=params, opt_state=opt_state), metrics
 
@@ -241,15 +196,8 @@ def full_rows(ro: Rollout, G: int) -> tuple[Array, Array]:
     return tokens, mask
 
 
-def reference_params(state: TrainState):
-    """The frozen reference: its own copy, or under LoRA the same base with zeroed adapters (no copy)."""
-    if state.frozen_params is None:
-        return state.ref_params
-    return jax.tree.map(jnp.zeros_like, state.params)
-
-
-def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig):
-    """(ref_logp_BxT, ref_entropy_BxT, old_logp_BxT) of the rollout, each None when not needed: the reference
+def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> Scores:
+    """`Scores` (ref_logp_BxT, ref_entropy_BxT, old_logp_BxT) of the rollout, each None when not needed: the reference
     only with beta > 0 and the reverse KL (no reference pass is compiled otherwise), `old` only with several
     updates per rollout: the trainer's own forward under the params that sampled (as TRL does), not the
     sampler's log-probs, which top-k / top-p / min-p renormalise (the first ratio would be the kept mass).
@@ -290,90 +238,7 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig):
     if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
         ref_logp, ref_ent = score(reference_params(state))
     old_logp = score(jax.lax.stop_gradient(state.params))[0] if cfg.multi_update else None
-    return ref_logp, ref_ent, old_logp
-
-
-def update_scan(state: TrainState, ro: Rollout, ref_logp, ref_ent, old_logp, merge, cfg: RLConfig, tx, lr_fn,
-                k_guide):
-    """U = num_iterations x M optimizer updates over the rollout, a scan: update u trains minibatch u mod M, as J
-    micro-batches whose gradients are summed. Returns ((params, opt_state, step), per-update metrics [U])."""
-    G, M, J = cfg.group_size, cfg.num_minibatches, cfg.grad_accum_steps
-    temp = cfg.sampling.temperature or 1.0
-    B, P = ro.tokens_BxT.shape[0], ro.prompt_NxP.shape[1]
-    tokens, fmask = full_rows(ro, G)
-    lmask = ro.loss_mask_BxT
-    num_tokens = lmask.sum()  # the tokens the loss reads
-    # dapo's normaliser: the whole generation batch's completion tokens for each of the M updates (TRL 0.23,
-    # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
-    dapo_tokens = num_tokens if cfg.dapo_normalizer == "generation" else num_tokens / M
-    forward_kl = cfg.needs_ref and cfg.loss.kl_mode == "forward"
-    ref_params = reference_params(state) if forward_kl else None
-
-    rows = B // M // J  # rows of one micro-batch; micro-batch i = minibatch i // J, micro-batch i % J within it
-    take = lambda x, i: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * rows, rows, axis=0)
-    share_train = cfg.share_prompt and rows % G == 0  # a micro-batch of whole groups
-    take_prompts = lambda x, i: jax.lax.dynamic_slice_in_dim(x, i * (rows // G), rows // G, axis=0)
-
-    def loss_fn(params, i, step, gkey):
-        model = merge(params)
-        if state.frozen_params is not None and model.lora_cfg.dropout > 0:
-            lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
-        tok, fm, cm, lm = take(tokens, i), take(fmask, i), take(ro.cmask_BxT, i), take(lmask, i)
-        if share_train:
-            logp, ent = grouped_logp_entropy(model, take_prompts(ro.prompt_NxP, i), take_prompts(ro.pmask_NxP, i),
-                                             take(ro.tokens_BxT, i), cm, cfg.logp_chunk, temp, remat=cfg.remat)
-        else:
-            logp, ent = sequence_logp_entropy(model, tok, fm, P, cfg.logp_chunk, temp, remat=cfg.remat)
-        inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
-                                    entropy_BxT=ent, logp_BxT=jax.lax.stop_gradient(logp),
-                                    ref_logp_BxT=take(ref_logp, i), ref_entropy_BxT=take(ref_ent, i))
-        log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
-        fkl = (sequence_forward_kl(model, merge(ref_params), tok, fm, P, cfg.logp_chunk, temp, remat=cfg.remat)
-               if forward_kl else None)
-        loss, m = losses.policy_loss(logp, take(old_logp, i), take(ref_logp, i), log_q, take(ro.adv_B, i), lm,
-                                     cfg.loss, num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
-                                     sampler_logp_BxT=take(ro.raw_logp_BxT, i), entropy_BxT=ent)
-        mf = lm.astype(jnp.float32)
-        n = jnp.maximum(mf.sum(), 1.0)
-        diff = jnp.abs(jax.lax.stop_gradient(logp) - take(ro.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
-        m.update(guides.guide_metrics(q, lm))
-        m.update(entropy=(ent * mf).sum() / n, logp_diff_mean=diff.sum() / n, logp_diff_max=diff.max())
-        return loss, m
-
-    def update(carry, u):
-        params, opt_state, step = carry
-        i = u % M
-        gkey = jax.random.fold_in(k_guide, u)
-        if J == 1:
-            (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey)
-        else:
-            mb_tokens = jax.lax.dynamic_slice_in_dim(lmask, i * rows * J, rows * J, axis=0).sum()
-
-            def micro_fn(p, j):
-                loss, mj = loss_fn(p, i * J + j, step, jax.random.fold_in(gkey, j))
-                share = lambda x: micro_loss_share(x, take(lmask, i * J + j), cfg.loss.loss_type, J, mb_tokens)
-                # the loss terms add up over micro-batches like the loss itself (for dapo a mean would be 1/J)
-                mj.update({k: share(mj[k]) for k in ("loss", "pg_loss", "kl_loss") if k in mj})
-                return share(loss), mj
-
-            _, ms_j, grads = accumulate_grads(micro_fn, params, J)
-            m = {k: _reduction(k)[0](v) for k, v in ms_j.items()}
-        m["grad_norm"] = optax.tree.norm(grads)
-        m["lr"] = lr_fn(step)
-        upd, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, upd), opt_state, step + 1), m
-
-    n_updates = cfg.num_iterations * M
-    return jax.lax.scan(update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
-
-
-def reduce_metrics(ms: dict[str, Array]) -> dict[str, Array]:
-    """The per-update metrics [U] of `update_scan` -> the step's, as `METRIC_REDUCTION` says."""
-    out = {}
-    for k, v in ms.items():
-        _, over_updates, namespace = _reduction(k)
-        out[f"{namespace}/{k}"] = over_updates(v)
-    return out
+    return Scores(ref_logp, ref_ent, old_logp)
 
 
 def make_rl_step(graphdef, cfg: RLConfig, tx, lr_fn, reward_host: HostReward, mesh=None):

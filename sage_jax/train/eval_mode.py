@@ -17,9 +17,10 @@ import ml_collections
 
 from sage_jax import config_lib
 from sage_jax.eval.benchmarks import benchmarks_from_config, settings_from_config, strategy_fn_for
+from sage_jax.eval.benchmarks import sampling_config as eval_sampling_config
 from sage_jax.eval.evaluate import EvalSettings, evaluate_models
 from sage_jax.models import hf
-from sage_jax.sampling import SamplingConfig, TextSampler
+from sage_jax.sampling import TextSampler
 
 RUN_CONFIG = "run_config.json"  # written by train.run into every run directory
 
@@ -65,7 +66,7 @@ def run(c, workdir: str) -> dict:
     config_lib.validate_eval(c)
     models = config_lib.eval_models(c) or {"model": c.model.path}
     for name, path in models.items():
-        if not (os.path.isdir(path) or path.count("/") == 1):
+        if not (os.path.isdir(path) or hf.is_hub_id(path)):
             raise config_lib.ConfigValidationError(f"eval.models.{name}={path!r}: no such directory")
     first = next(iter(models.values()))
     tok_path = json.load(open(os.path.join(first, RUN_CONFIG)))["model"]["path"] if is_run_dir(first) else first
@@ -82,10 +83,7 @@ def run(c, workdir: str) -> dict:
             model, tp = load_policy(path, dtype, mesh=mesh, param_dtype=pdtype)  # HF dirs: model.(param_)dtype
             tok = hf.load_tokenizer(tp)
             mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(tp))
-            pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-            cfg = SamplingConfig(max_new_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                 eos_ids=hf.stop_ids(tok, mcfg), pad_id=int(pad),
-                                 stop=config_lib.stop_strings(c, tok, mcfg.vocab_size), **dict(s.sampler))
+            cfg = eval_sampling_config(s, tok, mcfg, c.rollout.decode_segments)
             return TextSampler(model, tok, cfg, batch_size=c.eval.batch_size, mesh=mesh)
         return build
 

@@ -26,7 +26,7 @@ from sage_jax.rewards.host import HostReward, encode_answers
 from sage_jax.rl import optim
 from sage_jax.rl.state import TrainState, init_train_state_sharded, policy_model, policy_state
 from sage_jax.rl.step import make_rl_step
-from sage_jax.sampling import SamplingConfig, TextSampler, left_pad
+from sage_jax.sampling import TextSampler, left_pad
 from sage_jax.train import data as train_data
 from sage_jax.train.checkpoint import Checkpointer, base_pointer, check_base_pointer
 from sage_jax.train.metric_writer import MetricWriter
@@ -82,9 +82,8 @@ class TrainingEval:
 
     def _generator(self, state: TrainState) -> TextSampler:
         if self._sampler is None:
-            cfg = SamplingConfig(max_new_tokens=self.c.eval.max_new_tokens, temperature=self.c.eval.temperature,
-                                 top_p=self.c.eval.top_p, eos_ids=self.s.eos_ids, pad_id=self.s.pad_id, stop=self.s.stop,
-                                 decode_segments=self.c.rollout.get("decode_segments", 4))
+            from sage_jax.eval.benchmarks import sampling_config
+            cfg = sampling_config(self.settings, self.s.tokenizer, self.s.model_cfg, self.c.rollout.decode_segments)
             self._sampler = TextSampler(policy_model(self.graphdef, state), self.s.tokenizer, cfg,
                                         batch_size=self.c.eval.batch_size, mesh=self.s.mesh)
         self._sampler.state = policy_state(state)  # read afresh: the step donates the state it is given
@@ -166,8 +165,8 @@ def build_setup(c, workdir: str) -> Setup:
         raise config_lib.ConfigValidationError(
             f"model.path={c.model.path}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
             f"{model_cfg.vocab_size}; the tokenizer files belong to another model")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
-    return Setup(c, workdir, mesh, model_cfg, tokenizer, hf.stop_ids(tokenizer, model_cfg), int(pad),
+    eos_ids, pad = hf.sampling_ids(tokenizer, model_cfg)
+    return Setup(c, workdir, mesh, model_cfg, tokenizer, eos_ids, pad,
                  make_reward_fn(c.rl.reward), config_lib.stop_strings(c, tokenizer, model_cfg.vocab_size))
 
 

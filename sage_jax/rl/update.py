@@ -1,0 +1,284 @@
+"""The RL step's update phase: U = num_iterations x M optimizer updates over one rollout, a scan.
+
+Dimension key (docs/design.md §5.4): N prompts trained on, G completions per prompt, B = N x G rows, P prompt
+length, T completion length, M minibatches per iteration, J micro-batches per update (rl.grad_accum_steps),
+R = B / M / J rows of a micro-batch, U = num_iterations x M updates.
+
+- Composition (`rl.update_shuffle`): the rows are split into the M minibatches in batch order ("none"), after
+  one permutation of the groups ("groups", prompt sharing kept) or of the rows ("rows", TRL 0.23's
+  `shuffle_sequence_dict` before `split_tensor_dict`; each micro-batch then repeats its prompts), drawn once
+  per rollout from the step's key.
+- Denominators: each update's loss is normalised over the whole update (`losses.normalizer` of its loss
+  mask, its entropy selection and dapo's generation-batch count), so the J micro-batch losses and gradients
+  sum exactly to the one-big-batch ones for every `loss_type`.
+- An update with no loss token (every row of its minibatch masked: a dynamic-sampling shortfall, an overlong
+  filter) is skipped: parameters, optimizer state and the step counter (lr and guide schedules) stay as they
+  are, as if the update did not exist (DAPO trains on kept groups only). `train/updates_skipped` counts them,
+  and the per-update metrics are reduced over the updates that ran.
+- `rl.entropy_top_frac` with J > 1: the top fraction is taken over the whole update, from a no-gradient
+  forward of its rows before the micro-batches (one extra forward per update), so accumulation stays memory,
+  not math.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sage_jax import sharding as shd
+from sage_jax.models import lora as lora_lib
+from sage_jax.rl import guides, losses
+from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_forward_kl, sequence_logp_entropy
+from sage_jax.rl.state import reference_params
+
+Array = jax.Array
+UPDATE_SHUFFLES = ("none", "groups", "rows")
+
+
+class Scores(NamedTuple):
+    """What the no-gradient passes computed over the rollout (None where not needed)."""
+    ref_logp_BxT: Array | None = None
+    ref_entropy_BxT: Array | None = None
+    old_logp_BxT: Array | None = None
+
+
+class Rows(NamedTuple):
+    """The rollout's per-row arrays in update order, and each row's prompt."""
+    tokens_BxT: Array
+    cmask_BxT: Array
+    lmask_BxT: Array  # the loss mask
+    raw_logp_BxT: Array | None
+    adv_B: Array
+    scores: Scores
+    prompt_BxP: Array  # each row's prompt (full rows: prompt then completion)
+    pmask_BxP: Array
+    prompt_NxP: Array  # the prompts, one per group (in update order when whole groups move)
+    pmask_NxP: Array
+    prompt_of_B: Array  # each row's prompt, an index into prompt_NxP
+
+
+_first = lambda v: v[0]
+_last = lambda v: v[-1]
+
+# How each metric of the update scan reduces: over the J micro-batches of one update (jnp.mean: weighted by their
+# loss tokens, the metrics being token means, so J micro-batches report what one batch would), then over the
+# step's updates that ran; and its namespace in metrics.jsonl. Not listed: the mean, then the mean, under train/.
+METRIC_REDUCTION = {
+    # name:          (micro-batches, updates, namespace)
+    "loss": (jnp.sum, jnp.mean, "train"),  # a micro-batch's loss is its share of the update's loss
+    "pg_loss": (jnp.sum, jnp.mean, "train"),
+    "kl_loss": (jnp.sum, jnp.mean, "train"),
+    "entropy_loss": (jnp.sum, jnp.mean, "train"),
+    # sampler-vs-trainer numerics: only update 0 runs under the params that sampled, free of earlier drift
+    "logp_diff_mean": (jnp.mean, _first, "train"),
+    "logp_diff_max": (jnp.max, _first, "train"),
+    "grad_norm": (None, jnp.mean, "train"),  # once per update
+    "lr": (None, _last, "train"),
+    "q_mean": (jnp.mean, jnp.mean, "sage"),
+    "q_min": (jnp.min, jnp.min, "sage"),
+    "q_max": (jnp.max, jnp.max, "sage"),
+    "frac_shaped": (jnp.mean, jnp.mean, "sage"),
+}
+_DEFAULT_REDUCTION = (jnp.mean, jnp.mean, "train")
+
+
+def reduction(name: str):
+    return METRIC_REDUCTION.get(name, _DEFAULT_REDUCTION)
+
+
+def accumulate_grads(loss_fn, params, num_micro: int):
+    """Sum of `jax.value_and_grad(loss_fn, has_aux=True)(params, j)` over micro-batches j (a scan, so one
+    micro-batch's activations are live at a time). Returns (summed loss, metrics stacked over j, grads)."""
+    def body(acc, j):
+        (loss, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params, j)
+        return jax.tree.map(jnp.add, acc, g), (loss, m)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (loss_j, ms) = jax.lax.scan(body, zeros, jnp.arange(num_micro))
+    return loss_j.sum(), ms, grads
+
+
+def update_order(ro, scores: Scores, cfg, key) -> Rows:
+    """The rollout's rows in the order the minibatches take them (`rl.update_shuffle`)."""
+    G = cfg.group_size
+    N = ro.prompt_NxP.shape[0]
+    B = N * G
+    group_of = jnp.arange(B) // G
+    if cfg.update_shuffle == "none":
+        perm, gperm = None, None
+    elif cfg.update_shuffle == "groups":
+        gperm = jax.random.permutation(key, N)
+        perm = (gperm[:, None] * G + jnp.arange(G)).reshape(B)
+    else:
+        perm, gperm = jax.random.permutation(key, B), None
+    rows = lambda x: None if x is None or perm is None else shd.constrain(x[perm], ("batch",) + (None,) * (x.ndim - 1))
+    take = lambda x: x if perm is None else rows(x)
+    prompt_of = group_of if perm is None else group_of[perm]
+    rep = lambda x: shd.constrain(x[prompt_of], ("batch", None))
+    prompts = (ro.prompt_NxP, ro.pmask_NxP) if gperm is None else (ro.prompt_NxP[gperm], ro.pmask_NxP[gperm])
+    return Rows(take(ro.tokens_BxT), take(ro.cmask_BxT), take(ro.loss_mask_BxT),
+                None if ro.raw_logp_BxT is None else take(ro.raw_logp_BxT), take(ro.adv_B),
+                Scores(*(None if s is None else take(s) for s in scores)), rep(ro.prompt_NxP), rep(ro.pmask_NxP),
+                *prompts, group_of if gperm is not None else prompt_of)
+
+
+def update_scan(state, ro, scores: Scores, merge, cfg, tx, lr_fn, key) -> tuple[tuple[Any, Any, Array], dict]:
+    """U = num_iterations x M optimizer updates over the rollout, a scan: update u trains minibatch u mod M, as J
+    micro-batches whose gradients are summed. Returns ((params, opt_state, step), per-update metrics [U], with
+    `applied`: whether each update ran)."""
+    G, M, J = cfg.group_size, cfg.num_minibatches, cfg.grad_accum_steps
+    temp = cfg.sampling.temperature or 1.0
+    k_guide = key  # update u's guide key: fold_in(key, u); the order's key is a stream of its own
+    rw = update_order(ro, scores, cfg, jax.random.fold_in(key, 0x5EED))
+    B, P = rw.tokens_BxT.shape[0], rw.prompt_BxP.shape[1]
+    tokens = jnp.concatenate([rw.prompt_BxP, rw.tokens_BxT], axis=1)
+    fmask = jnp.concatenate([rw.pmask_BxP.astype(jnp.int32), rw.cmask_BxT], axis=1)
+    lmask = rw.lmask_BxT
+    # dapo / cispo's normaliser: the whole generation batch's loss tokens for each of the M updates (TRL 0.23,
+    # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
+    dapo_tokens = lmask.sum() if cfg.dapo_normalizer == "generation" else lmask.sum() / M
+    forward_kl = cfg.needs_ref and cfg.loss.kl_mode == "forward"
+    ref_params = reference_params(state) if forward_kl else None
+    entropy_grad = cfg.loss.entropy_coef > 0
+
+    rows = B // M // J  # rows of one micro-batch; micro-batch i = minibatch i // J, micro-batch i % J within it
+    take = lambda x, i, n=rows: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * n, n, axis=0)
+    # Each prompt's forward once for its rows: micro-batches of whole groups, or (rows in any order) every prompt
+    # once per micro-batch when there are no more prompts than rows in it (the official preset: 2 prompts, 8 rows)
+    N = rw.prompt_NxP.shape[0]
+    grouped = cfg.update_shuffle != "rows"
+    share_train = cfg.share_prompt and (rows % G == 0 if grouped else N <= rows)
+
+    def forward(model, i, remat=cfg.remat, grad=entropy_grad):
+        """Policy log-probs and entropies of micro-batch i."""
+        if share_train and grouped:
+            tp = lambda x: take(x, i, rows // G)
+            return grouped_logp_entropy(model, tp(rw.prompt_NxP), tp(rw.pmask_NxP), take(rw.tokens_BxT, i),
+                                        take(rw.cmask_BxT, i), cfg.logp_chunk, temp, remat=remat, entropy_grad=grad)
+        if share_train:
+            return grouped_logp_entropy(model, rw.prompt_NxP, rw.pmask_NxP, take(rw.tokens_BxT, i),
+                                        take(rw.cmask_BxT, i), cfg.logp_chunk, temp, remat=remat, entropy_grad=grad,
+                                        prompt_index_B=take(rw.prompt_of_B, i))
+        return sequence_logp_entropy(model, take(tokens, i), take(fmask, i), P, cfg.logp_chunk, temp, remat=remat,
+                                     entropy_grad=grad)
+
+    def loss_fn(params, i, step, gkey, norm, selected):
+        model = merge(params)
+        if state.frozen_params is not None and model.lora_cfg.dropout > 0:
+            lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
+        lm = take(lmask, i)
+        logp, ent = forward(model, i)
+        sc = Scores(*(take(s, i) for s in rw.scores))
+        inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
+                                    entropy_BxT=jax.lax.stop_gradient(ent), logp_BxT=jax.lax.stop_gradient(logp),
+                                    ref_logp_BxT=sc.ref_logp_BxT, ref_entropy_BxT=sc.ref_entropy_BxT)
+        log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
+        fkl = (sequence_forward_kl(model, merge(ref_params), take(tokens, i), take(fmask, i), P, cfg.logp_chunk, temp,
+                                   remat=cfg.remat) if forward_kl else None)
+        loss, m = losses.policy_loss(logp, sc.old_logp_BxT, sc.ref_logp_BxT, log_q, take(rw.adv_B, i), lm, cfg.loss,
+                                     num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
+                                     sampler_logp_BxT=take(rw.raw_logp_BxT, i), entropy_BxT=ent, norm=norm,
+                                     selected_BxT=take(selected, i))
+        mf = lm.astype(jnp.float32)
+        n = jnp.maximum(mf.sum(), 1.0)
+        lp = jax.lax.stop_gradient(logp)
+        diff = jnp.abs(lp - take(rw.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
+        m.update(guides.guide_metrics(q, lm))
+        m.update(entropy=(jax.lax.stop_gradient(ent) * mf).sum() / n, logp_diff_mean=diff.sum() / n,
+                 logp_diff_max=diff.max())
+        return loss, m
+
+    def update_selection(params, i):
+        """J > 1 with entropy_top_frac < 1: the minibatch's top-entropy tokens, from a no-gradient forward of
+        its J micro-batches (at the update's params), as J = 1 chooses them from its one forward."""
+        if J == 1 or cfg.loss.entropy_top_frac >= 1:
+            return None
+        # params as the scan's (unchanged) carry: the model is built inside the body (see rl.step's passes)
+        body = lambda p, j: (p, forward(merge(p), i * J + j, remat="none", grad=False)[1])
+        ent = jax.lax.stop_gradient(jax.lax.scan(body, params, jnp.arange(J))[1].reshape(rows * J, -1))
+        return losses.top_entropy_tokens(ent, take(lmask, i, rows * J), cfg.loss.entropy_top_frac)
+
+    def apply(carry, u):
+        params, opt_state, step = carry
+        i = u % M
+        gkey = jax.random.fold_in(k_guide, u)
+        if J == 1:
+            (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey, None, None)
+        else:
+            selected = update_selection(params, i)
+            norm = losses.normalizer(take(lmask, i, rows * J), dapo_tokens, selected)
+            micro = lambda p, j: loss_fn(p, i * J + j, step, jax.random.fold_in(gkey, j), norm,
+                                         _micro_rows(selected, j, rows))
+            _, ms_j, grads = accumulate_grads(micro, params, J)
+            m = reduce_micro_batches(ms_j, take(lmask, i, rows * J).reshape(J, rows, -1).sum((1, 2)))
+        m["grad_norm"] = optax.tree.norm(grads)
+        m["lr"] = lr_fn(step)
+        upd, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, upd), opt_state, step + 1), m
+
+    def update(carry, u):
+        has_tokens = take(lmask, u % M, rows * J).any()
+        out_shape = jax.eval_shape(apply, carry, u)[1]
+
+        def skip(carry, u):  # nothing to train on: no optimizer step at all
+            m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+            return carry, {**m, "lr": lr_fn(carry[2])}
+
+        carry, m = jax.lax.cond(has_tokens, apply, skip, carry, u)
+        return carry, {**m, "applied": has_tokens}
+
+    n_updates = cfg.num_iterations * M
+    return jax.lax.scan(update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
+
+
+def reduce_micro_batches(ms_j: dict[str, Array], tokens_J: Array) -> dict[str, Array]:
+    """One update's metrics from its J micro-batches' (stacked over j): `METRIC_REDUCTION`'s first entry, a
+    mean weighted by each micro-batch's loss tokens."""
+    w = tokens_J.astype(jnp.float32)
+    out = {}
+    for k, v in ms_j.items():
+        over_micro = reduction(k)[0]
+        if over_micro is jnp.mean:
+            out[k] = (v * w.reshape(w.shape + (1,) * (v.ndim - 1))).sum(0) / jnp.maximum(w.sum(), 1.0)
+        else:
+            out[k] = over_micro(v)
+    return out
+
+
+def _micro_rows(selected, j, rows):
+    """Micro-batch j's rows of a minibatch-wide mask (J x rows rows)."""
+    if selected is None:
+        return None
+    return jax.lax.dynamic_slice_in_dim(selected, j * rows, rows, axis=0)
+
+
+def reduce_metrics(ms: dict[str, Array]) -> dict[str, Array]:
+    """The per-update metrics [U] of `update_scan` -> the step's, as `METRIC_REDUCTION` says, over the updates
+    that ran (`applied`); `train/updates_skipped` counts the others."""
+    applied = ms["applied"]
+    n = applied.sum()
+    out = {"train/updates_skipped": applied.size - n}
+    first = jnp.argmax(applied)  # the first update that ran (0 when none did)
+    last = applied.size - 1 - jnp.argmax(applied[::-1])
+    for k, v in ms.items():
+        if k == "applied":
+            continue
+        _, over_updates, namespace = reduction(k)
+        w = applied.reshape(applied.shape + (1,) * (v.ndim - 1))
+        if over_updates is jnp.mean:
+            r = jnp.where(w, v, 0).sum(0) / jnp.maximum(n, 1)
+        elif over_updates is _first:
+            r = v[first]
+        elif over_updates is _last:
+            r = v[last]
+        elif over_updates is jnp.min:
+            r = jnp.where(n > 0, jnp.where(w, v, jnp.inf).min(0), 0)
+        elif over_updates is jnp.max:
+            r = jnp.where(n > 0, jnp.where(w, v, -jnp.inf).max(0), 0)
+        else:
+            r = over_updates(v)
+        out[f"{namespace}/{k}"] = r
+    return out
