@@ -52,7 +52,7 @@ def _apply(c, fields: dict):
 
 
 def get_config(arg=None):
-    from sage_jax.config_lib import default_config
+    from sage_jax.defaults import default_config
     if arg == "qwen_math":
         import importlib.util
         import os

@@ -11,7 +11,7 @@ pass@1 0.284 and pass@256 0.729 for GRPO + branch, against 0.266 / 0.714 for GRP
 Variants: `:grpo` (guide none), `:dapo` (DAPO aggregation + branch), `:bnpo`.
 """
 
-from sage_jax.config_lib import default_config
+from sage_jax.defaults import default_config
 
 
 def get_config(arg=None):

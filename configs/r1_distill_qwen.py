@@ -8,7 +8,7 @@ Expected (paper, avg of AIME/AMC23/MATH-500): base 0.429 / 0.778 (pass@1 / pass@
 0.771, GRPO + branch 0.452 / 0.774. Variant `:grpo` runs the guide-free baseline.
 """
 
-from sage_jax.config_lib import default_config
+from sage_jax.defaults import default_config
 
 
 def get_config(arg=None):

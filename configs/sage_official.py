@@ -26,7 +26,7 @@ to 4096 tokens = max_seq_len / 2; 2 epochs, lr 2e-4, batch 1, warm-up 5, linear,
     ./scripts/sage_official_qwen_math.sh DIR --config.data.manual_dir=/data/sage_manual
 """
 
-from sage_jax.config_lib import default_config
+from sage_jax.defaults import default_config
 from sage_jax.data.templates import OFFICIAL_EVAL_USER, OFFICIAL_SYSTEM_PROMPT
 
 UPDATES_PER_GENERATION = 2  # TRL: generation_batch_size 16 / per_device_train_batch_size 8

@@ -13,7 +13,7 @@ Expected: held-out pass@1 0.347 -> 0.470 (gain 0.124 [0.107, 0.139]), from exper
 Variants: `:grpo` (guide none), `:branch`, `:token`, `:random`.
 """
 
-from sage_jax.config_lib import TINY_BASE, default_config
+from sage_jax.defaults import TINY_BASE, default_config
 
 
 def get_config(arg=None):

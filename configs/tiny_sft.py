@@ -11,7 +11,7 @@ held-out pass@1 0.490 and pass@16 0.859 at step 1500 (3-5 operands), the four pr
 corpus' proportions (rule 0.20, terms 0.05, left 0.50, right 0.25).
 """
 
-from sage_jax.config_lib import default_config
+from sage_jax.defaults import default_config
 
 
 def get_config(arg=None):

@@ -53,7 +53,6 @@ attention scores (rows x heads x S^2, float32, one layer at a time) set a floor 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -131,7 +130,8 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
     from sage_jax.models import lora as lora_lib
     from sage_jax.models.config import ModelConfig
     from sage_jax.models.decoder import Decoder
-    from sage_jax.rl import losses, optim, state as rl_state, step as R
+    from sage_jax.policy import optim, state as train_state
+    from sage_jax.rl import losses, step as R
     from sage_jax.sampling import SamplingConfig
 
     o = {**dict(prompt=PROMPT_LEN, group=GROUP, lora=0, remat="none", score_chunks=1, attn_chunk=0), **(opts or {})}
@@ -157,7 +157,7 @@ def compile_point(model: str, layers: int, mesh_shape, rows: int, minibatches: i
                               param_dtype=jnp.float32)
         return m
     graphdef = lora_lib.split_trainable(nnx.eval_shape(make_model))[0]  # = nnx.graphdef(...) without LoRA
-    abstract = jax.eval_shape(lambda: rl_state.init_train_state(make_model(), cfg, tx, 0)[1])
+    abstract = jax.eval_shape(lambda: train_state.init_train_state(make_model(), cfg, tx, 0)[1])
     place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
     state = jax.tree.map(place, abstract, shd.state_shardings(abstract, mesh))
     N = rows // G

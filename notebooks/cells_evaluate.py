@@ -48,7 +48,7 @@ DATA_DIR = "runs/tfds"
 """
 
 SMOKE_MODELS = r"""
-from sage_jax.config_lib import TINY_BASE, default_config
+from sage_jax.defaults import TINY_BASE, default_config
 
 if SMOKE:  # the shipped tiny model against the quickstart's run (or a 3-step LoRA run made here)
     from sage_jax.train import loop as train

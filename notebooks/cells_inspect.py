@@ -23,7 +23,7 @@ LOAD = r"""
 import json
 
 from sage_jax.train import eval_mode
-from sage_jax.config_lib import TINY_BASE
+from sage_jax.defaults import TINY_BASE
 from sage_jax.data.templates import format_prompt
 from sage_jax.models import hf
 import notebook_utils as nu
@@ -125,7 +125,7 @@ seconds after; `SMOKE`: ~10 s on 2 CPU cores (measured)."""),
         ("md", f"""### Sample and compute the per-token signals
 
 **What:** samples one completion per prompt (`sage_jax.sampling`), recomputes the policy's and the
-reference's log-probs and entropies of those tokens (`sage_jax.rl.logprobs`, as the RL step does), then q of
+reference's log-probs and entropies of those tokens (`sage_jax.policy.logprobs`, as the RL step does), then q of
 each guide and the per-token KL. **Time (estimates):** L4 ~1 min (compilation) + ~{sample_s:.0f} s;
 A100 similar (compilation-bound); T4 ~1.5 min; `SMOKE`: ~15 s on 2 CPU cores (measured)."""),
         ("code", SAMPLE),

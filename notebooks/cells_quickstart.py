@@ -62,7 +62,7 @@ numbers; compilation and setup times are guesses. Treat memory as +-30% and time
 
 
 CONFIG = r"""
-from sage_jax.config_lib import TINY_BASE, default_config
+from sage_jax.defaults import TINY_BASE, default_config
 
 c = default_config()
 c.mode, c.seed = "rl", 0
@@ -207,7 +207,7 @@ everything on CPU with the shipped tiny model and the procedural arithmetic task
         ("code", b.DEVICES_CODE),
         ("md", """### Config
 
-**What:** builds the run config from `sage_jax.config_lib.default_config()` (the same keys as
+**What:** builds the run config from `sage_jax.defaults.default_config()` (the same keys as
 `configs/*.py` and `--config.x.y=` on the command line): model, LoRA, data, rollout, KL, guide, optimizer.
 **Time:** instant."""),
         ("code", CONFIG % Q),

@@ -111,7 +111,7 @@ class Run:
 
     @classmethod
     def of_config(cls, c) -> "Run":
-        """From an RL config (`sage_jax.config_lib.default_config()` layout)."""
+        """From an RL config (`sage_jax.defaults.default_config()` layout)."""
         rows = c.data.batch_size * c.rollout.group_size
         nbytes = {"float32": 4, "bfloat16": 2}
         targets = tuple(t.strip() for t in c.model.lora.targets.split(",") if t.strip())

@@ -147,7 +147,7 @@ def token_signals(policy, reference, tokenizer, prompts: Sequence[str], *, max_n
     from flax import nnx
 
     from sage_jax.rl import guides as G
-    from sage_jax.rl.logprobs import sequence_logp_entropy
+    from sage_jax.policy.logprobs import sequence_logp_entropy
     from sage_jax.rl.losses import per_token_kl
     from sage_jax.sampling import SamplingConfig, left_pad, make_generate_fn
 

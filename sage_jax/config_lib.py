@@ -1,167 +1,25 @@
-"""Run configuration: defaults, validation before any compilation, and conversion to the static
-dataclasses the jitted code takes.
+"""Run configuration: validation before any compilation, and the one resolution of a config into the typed
+`RunSpec` (sage_jax/spec.py) and the static dataclasses the jitted code takes.
 
-A config is an `ml_collections.ConfigDict` with sub-dicts `model`, `data`, `rollout`, `rl`, `sage`,
-`optim`, `ckpt`, `eval`, `mesh`, `logging` and the top-level run keys `mode`, `seed`, `max_steps`,
-`checkpoint_every`, `log_every`. Files in `configs/` start from `default_config()` and override.
+A config is an `ml_collections.ConfigDict` (its fields, defaults and units: `sage_jax.defaults.default_config`),
+which files in `configs/` start from and override. This module is the only one that reads it: `resolve(c)`
+validates it (every check that needs no model or data, each error naming the field) and builds the spec whose
+parts `train/` hands down.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
-import ml_collections
-
-from sage_jax.rl import guide_configs, guides, losses
-from sage_jax.rl.optim import OptimConfig
+from sage_jax.errors import ConfigValidationError
+from sage_jax.policy.optim import OptimConfig
+from sage_jax.rl import guides, losses
 from sage_jax.rl.step import RLConfig
 from sage_jax.sampling import SamplingConfig
+from sage_jax.spec import CheckpointSpec, DataSpec, EvalSpec, LoggingSpec, ModelSpec, RunSpec
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-TINY_BASE = os.path.join(PACKAGE_DIR, "assets", "tiny_base")  # shipped tiny HF checkpoint
 MODES = ("rl", "sft", "eval")
-
-
-class ConfigValidationError(ValueError):
-    """A config that cannot run; the message names the field."""
-
-
-def default_config() -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.mode = "rl"  # rl | sft | eval
-    c.seed = 0
-    c.max_steps = 100  # optimizer steps (rl: RL steps x updates per step)
-    c.checkpoint_every = 50  # steps; 0 = only at the end
-    c.log_every = 1  # steps
-    c.eval_every = 0  # steps; 0 = only at start / end (see eval.at_start / eval.at_end)
-
-    c.model = ml_collections.ConfigDict()
-    c.model.path = TINY_BASE  # HF directory (or hub id when online)
-    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
-    c.model.param_dtype = "float32"  # storage dtype of parameters
-    c.model.remat = "none"  # training-forward rematerialisation per block: none | full | dots
-    c.model.attention_chunk = 0  # multi-token attention in query chunks of this many tokens (0 = all at once):
-    #                              float32 scores of chunk x S live per row and head, not S x S; the same numbers
-    c.model.lora = ml_collections.ConfigDict()
-    c.model.lora.rank = 0  # LoRA rank r; 0 = off (full fine-tuning)
-    c.model.lora.alpha = 16.0  # scale = alpha / rank
-    c.model.lora.dropout = 0.0  # adapter-input dropout probability, training forward only
-    c.model.lora.targets = "q,k,v,o,gate,up,down"  # comma-separated projections
-    c.model.lora.param_dtype = ""  # storage dtype of the adapters; "" = model.param_dtype (PEFT: float32)
-    c.model.lora.init_from = ""  # a PEFT adapter dir (e.g. an SFT run's export_peft) the adapters start from
-
-    c.data = ml_collections.ConfigDict()
-    c.data.name = "procedural_arithmetic"  # a sage_jax.data.builders name
-    c.data.builder_config = "default"  # TFDS builder config (procedural difficulty)
-    c.data.train_split = "train"
-    c.data.eval_split = "test"
-    c.data.data_dir = ""  # TFDS data dir; "" = DIR/tfds
-    c.data.manual_dir = ""  # where the public release files are placed (see sage_jax/data/README.md)
-    c.data.template = "chat"  # chat | sage | r1 | plain | a '{problem}' string
-    c.data.system_prompt = ml_collections.config_dict.placeholder(str)
-    c.data.batch_size = 8  # prompts per RL step (global); SFT: sequences per step
-    c.data.max_train_problems = 0  # use only the first N training problems (0 = all), repeated by epochs
-    c.data.max_prompt_tokens = 64  # prompts longer than this are an error, not truncated
-    c.data.max_answer_tokens = 32
-    c.data.max_sft_tokens = 128
-    c.data.sft_loss_on = "completion"  # SFT targets: completion (+ EOS) | all (every token, as TRL on a text field)
-    c.data.sft_drop_longer = False  # SFT rows over max_sft_tokens: False = refuse, True = drop them (counted)
-    c.data.num_epochs = 0  # SFT: > 0 sets max_steps = num_epochs x rows // batch_size
-
-    c.rollout = ml_collections.ConfigDict()
-    c.rollout.group_size = 8  # G completions per prompt
-    c.rollout.max_new_tokens = 64  # T, tokens
-    c.rollout.temperature = 1.0
-    c.rollout.top_p = 1.0
-    c.rollout.top_k = 0
-    c.rollout.min_p = 0.0
-    c.rollout.stop_strings = ()  # text that ends a completion (kept), e.g. ("</SOLUTION>",); also in evaluation
-    c.rollout.decode_segments = 4  # speed only: decode loops over a growing cache (sampling.SamplingConfig)
-
-    c.rl = ml_collections.ConfigDict()
-    c.rl.beta = 0.05  # KL coefficient; 0 = no KL term (no reference pass, no reference weights)
-    c.rl.estimator = "k3"  # k1 | k2 | k3
-    c.rl.kl_mode = "reverse"  # reverse (shaped anchor) | forward (exact, to pi_ref)
-    c.rl.loss_type = "grpo"  # grpo | bnpo | dr_grpo | dapo | cispo (CISPO's weight capped at rl.eps_high)
-    c.rl.dapo_normalizer = "generation"  # dapo, M > 1: generation (TRL 0.23, reference) | window (TRL >= 1.x)
-    c.rl.eps_low = 0.2
-    c.rl.eps_high = 0.2
-    c.rl.delta = ml_collections.config_dict.placeholder(float)  # ratio cap; None = off
-    c.rl.tis_cap = ml_collections.config_dict.placeholder(float)  # sampler importance weight cap (TRL: 2.0); None = off
-    c.rl.mis_bounds = ()  # (lo, hi): masked IS, the sampler weight inside, 0 outside (TRL token/sequence_mask); () = off
-    c.rl.rs_bounds = ()  # (lo, hi): rejection only, weight 1 inside, 0 outside (verl rollout_rs); () = off
-    c.rl.mismatch_level = "token"  # the sampler weight of tis_cap / mis_bounds / rs_bounds: token | sequence | geometric
-    # a named sampler correction in place of the three fields above: trl_0.23 (token TIS, cap 2) | trl_1.16
-    # (sequence_mask, weight kept up to 3, TRL's default since 1.6); "" = the fields as set
-    c.rl.sampler_correction = ""
-    c.rl.opsm_threshold = ml_collections.config_dict.placeholder(float)  # off-policy sequence masking (nats); None = off
-    c.rl.entropy_top_frac = 1.0  # policy gradient only on this top fraction of tokens by entropy; 1 = all
-    c.rl.entropy_coef = 0.0  # entropy bonus: minus this times the mean token entropy (TRL entropy_coef); 0 = off
-    c.rl.update_shuffle = "none"  # the minibatches' rows: none (batch order) | groups | rows (TRL 0.23's shuffle)
-    c.rl.importance_sampling_level = "token"  # token | sequence (GSPO)
-    c.rl.scale_rewards = "group"  # group | batch | none
-    c.rl.pass_at_k = 0  # k >= 1: the analytic pass@k advantage (Chen et al., 2025) replaces the group one; 0 = off
-    c.rl.score_chunks = 1  # the reference (and old-logp) pass in this many row chunks; 1 = all rows at once
-    # DAPO's sample-level options (sage_jax/rl/dapo.py), off by default:
-    c.rl.dynamic_sampling = 1  # k > 1: sample k x data.batch_size prompts per step, train on data.batch_size
-    #                            of them, groups with unequal rewards first (1 = off)
-    c.rl.overlong_buffer = 0  # soft overlong penalty over the last this-many tokens of rollout.max_new_tokens (0 = off)
-    c.rl.overlong_penalty = 1.0  # its factor: a truncated completion's reward gets -overlong_penalty
-    c.rl.overlong_filter = False  # truncated completions (no EOS) out of the loss
-    c.rl.num_iterations = 1
-    c.rl.num_minibatches = 1
-    c.rl.grad_accum_steps = 1  # micro-batches whose gradients are summed into one update (memory, not math)
-    c.rl.logp_chunk = 256  # tokens per chunk of the log-prob pass
-    c.rl.share_prompt = True  # each prompt's forward once per group (prefill, reference, policy pass)
-    c.rl.reward = "exact_match"  # reward spec, e.g. "math_verify" or "math_verify:1.0,format:0.1"
-
-    c.sage = ml_collections.ConfigDict()
-    c.sage.guide = "branch"  # none | branch | token | random | a registered guide
-    c.sage.form = "loss"  # loss (k3 against ref + log q, the code-level form) | reward (KL to ref + beta sum log q bonus)
-    c.sage.branch = ml_collections.ConfigDict(dict(ratio=0.3, threshold=1.2, q_min=0.6, q_max=1.4, source="new"))
-    c.sage.token = ml_collections.ConfigDict(dict(norm="minmax", alpha_ub=0.3, alpha_lb=0.1, sigma_ub=0.25,
-                                                  sigma_lb=0.1, q_min=0.6, q_max=1.4, source="new"))
-    c.sage.random = ml_collections.ConfigDict(dict(eps_ub=0.1, eps_lb=0.0, sigma_ub=0.15, sigma_lb=0.05,
-                                                   q_min=0.6, q_max=1.4))
-
-    c.optim = ml_collections.ConfigDict()
-    c.optim.learning_rate = 1e-6
-    c.optim.schedule = "constant"  # constant | linear | cosine
-    c.optim.warmup_steps = 0
-    c.optim.weight_decay = 0.01
-    c.optim.grad_clip_norm = 1.0
-
-    c.ckpt = ml_collections.ConfigDict()
-    c.ckpt.keep = 3  # checkpoints kept
-    c.ckpt.async_save = True
-    c.ckpt.export_hf = True  # write DIR/export_hf (HF format) at the end
-
-    c.eval = ml_collections.ConfigDict()
-    c.eval.num_problems = 64  # problems per benchmark of eval.benchmarks (0 = all), in training and mode=eval
-    c.eval.n = 8  # samples per problem
-    c.eval.temperature = 1.0
-    c.eval.top_p = 1.0
-    c.eval.max_new_tokens = 64
-    c.eval.batch_size = 128  # rows per sampler call
-    c.eval.at_start = True
-    c.eval.at_end = True
-    # mode=eval: models to compare (name -> HF dir, hub id, or a run dir of this project) and
-    # benchmarks ("dataset[:split]" list; see sage_jax/data/README.md)
-    c.eval.models = ml_collections.ConfigDict()
-    c.eval.model_list = ""  # the same from the command line: 'NAME=DIR,NAME=DIR' (added after eval.models)
-    c.eval.benchmarks = "procedural_arithmetic:test"
-    c.eval.template = ""  # the evaluation prompt's template (as data.template); "" = data.template
-    c.eval.stop_strings = ()  # text that ends an evaluation completion (kept); its own list, not rollout.stop_strings
-
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one entry may be -1
-
-    c.logging = ml_collections.ConfigDict()
-    c.logging.tensorboard = True
-    c.logging.wandb = False  # off by default; needs `pip install wandb` and a login
-    c.logging.wandb_project = "sage_jax"
-    c.logging.progress = True
-    return c
 
 
 def _dtype(name: str, field: str):
@@ -178,15 +36,14 @@ def model_dtypes(c):
 
 def lora_param_dtype(c):
     """The adapters' storage dtype: model.lora.param_dtype, else model.param_dtype."""
-    name = c.model.get("lora", {}).get("param_dtype", "") or c.model.param_dtype
-    return _dtype(name, "model.lora.param_dtype")
+    return _dtype(c.model.lora.param_dtype or c.model.param_dtype, "model.lora.param_dtype")
 
 
 def lora_config(c):
     """The LoRAConfig of `model.lora`, or None when `model.lora.rank == 0` (full fine-tuning)."""
     from sage_jax.models.lora import LoRAConfig
-    lc = c.model.get("lora")
-    if lc is None or not lc.rank:
+    lc = c.model.lora
+    if not lc.rank:
         return None
     try:
         return LoRAConfig(rank=lc.rank, alpha=lc.alpha, dropout=lc.dropout,
@@ -195,7 +52,8 @@ def lora_config(c):
         raise ConfigValidationError(f"model.lora: {e}") from None
 
 
-def guide_config(c):
+def guide(c) -> guides.Guide:
+    """`sage.guide` with its config (`sage.<name>`), as the one object the step carries."""
     name = c.sage.guide
     try:
         guides.get_guide(name)
@@ -203,9 +61,14 @@ def guide_config(c):
         raise ConfigValidationError(f"sage.guide: {e}") from None
     fields = dict(c.sage.get(name, {}) or {})
     try:
-        return guides.make_guide_config(name, **fields) if name != "none" else guide_configs.NoneGuideConfig()
+        return guides.make_guide(name, **fields)
     except (ValueError, TypeError) as e:
         raise ConfigValidationError(f"sage.{name}: {e}") from None
+
+
+def guide_config(c):
+    """The config dataclass of `sage.guide` (`guide(c).cfg`)."""
+    return guide(c).cfg
 
 
 def _stop_string_list(c) -> tuple[str, ...]:
@@ -217,22 +80,34 @@ def _stop_string_list(c) -> tuple[str, ...]:
 
 
 def stop_strings(c, tokenizer, vocab_size: int):
-    """rollout.stop_strings compiled for `tokenizer` (sage_jax.stop_strings), or None when there are none."""
-    strings = _stop_string_list(c)
+    """rollout.stop_strings compiled for `tokenizer` (sage_jax.stop_strings), or None when there are none; a
+    string that can never fire (not writable by the tokenizer, or longer than the budget) is refused."""
+    return compile_stop_strings(_stop_string_list(c), tokenizer, vocab_size, c.rollout.max_new_tokens,
+                                "rollout.stop_strings")
+
+
+def compile_stop_strings(strings, tokenizer, vocab_size: int, max_new_tokens: int, field: str):
+    """`strings` compiled for `tokenizer`, or None when there are none; refused (naming `field`) when one can
+    never fire."""
     if not strings:
         return None
     from sage_jax.stop_strings import StopStrings
-    return StopStrings.for_tokenizer(strings, tokenizer, vocab_size)
+    stop = StopStrings.for_tokenizer(tuple(strings), tokenizer, vocab_size)
+    try:
+        stop.check_reachable(max_new_tokens, field)
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None
+    return stop
 
 
-def sampling_config(c, eos_ids, pad_id, stop=None, validating=False) -> SamplingConfig:
+def sampling_config(c, eos_ids=(), pad_id=0, stop=None) -> SamplingConfig:
+    """The rollout's `SamplingConfig`; the stop strings (`stop`) and ids come with the tokenizer
+    (`RLConfig.with_tokenizer`), so a config is checked before any model or tokenizer loads."""
     r = c.rollout
-    if _stop_string_list(c) and stop is None and not validating:
-        raise ConfigValidationError("rollout.stop_strings is set but no tokenizer compiled it (config_lib.stop_strings)")
     try:
         return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, min_p=r.min_p, eos_ids=tuple(eos_ids), pad_id=pad_id, stop=stop,
-                              decode_segments=r.get("decode_segments", 4))
+                              decode_segments=r.decode_segments)
     except ValueError as e:
         raise ConfigValidationError(f"rollout: {e}") from None
 
@@ -268,30 +143,33 @@ def loss_config(c) -> losses.LossConfig:
         raise ConfigValidationError(str(e)) from None
 
 
-def rl_config(c, eos_ids=(), pad_id=0, stop=None, validating=False) -> RLConfig:
-    """The step's static config; its rules live in `RLConfig` (and `check_batch` for the batch shape), which
-    names the config field of each, and a failure here is a config error."""
+def rl_config(c) -> RLConfig:
+    """The step's static config, its sampling without the tokenizer's ids and stop strings (`with_tokenizer`);
+    its rules live in `RLConfig` (and `check_batch` for the batch shape), which names the config field of each,
+    and a failure here is a config error. `max_steps` counts optimizer updates (the guide schedules' clock)."""
+    r = c.rl
     try:
-        return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c, eos_ids, pad_id, stop, validating),
-                        loss=loss_config(c), guide=c.sage.guide, guide_cfg=guide_config(c),
-                        scale_rewards=c.rl.scale_rewards, num_iterations=c.rl.num_iterations,
-                        num_minibatches=c.rl.num_minibatches,
-                        grad_accum_steps=c.rl.get("grad_accum_steps", 1),
-                        max_steps=c.max_steps, logp_chunk=c.rl.logp_chunk,
-                        share_prompt=c.rl.get("share_prompt", True), remat=c.model.get("remat", "none"),
-                        dapo_normalizer=c.rl.get("dapo_normalizer", "generation"), pass_at_k=c.rl.pass_at_k,
-                        score_chunks=c.rl.score_chunks, dynamic_sampling=c.rl.dynamic_sampling,
-                        overlong_buffer=c.rl.overlong_buffer, overlong_penalty=c.rl.overlong_penalty,
-                        overlong_filter=c.rl.overlong_filter, update_shuffle=c.rl.update_shuffle)
+        return RLConfig(group_size=c.rollout.group_size, sampling=sampling_config(c), loss=loss_config(c),
+                        guide=guide(c), scale_rewards=r.scale_rewards, num_iterations=r.num_iterations,
+                        num_minibatches=r.num_minibatches, grad_accum_steps=r.grad_accum_steps,
+                        max_steps=c.max_steps * r.num_iterations * r.num_minibatches, logp_chunk=r.logp_chunk,
+                        share_prompt=r.share_prompt, remat=c.model.remat, dapo_normalizer=r.dapo_normalizer,
+                        pass_at_k=r.pass_at_k, score_chunks=r.score_chunks, dynamic_sampling=r.dynamic_sampling,
+                        overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
+                        overlong_filter=r.overlong_filter, update_shuffle=r.update_shuffle,
+                        skip_nonfinite=c.optim.skip_nonfinite)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
 
 
 def optim_config(c) -> OptimConfig:
+    """The optimizer's config; `total_steps` counts optimizer updates (RL steps x updates per step)."""
     o = c.optim
+    per_step = c.rl.num_iterations * c.rl.num_minibatches if c.mode == "rl" else 1
     try:
         return OptimConfig(learning_rate=o.learning_rate, schedule=o.schedule, warmup_steps=o.warmup_steps,
-                           total_steps=c.max_steps, weight_decay=o.weight_decay, grad_clip_norm=o.grad_clip_norm)
+                           total_steps=c.max_steps * per_step, weight_decay=o.weight_decay,
+                           grad_clip_norm=o.grad_clip_norm)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
 
@@ -313,7 +191,7 @@ def validate_eval(c) -> None:
     except ValueError as err:
         raise ConfigValidationError(str(err)) from None
     from sage_jax.data.templates import format_prompt
-    for field, t in (("data.template", c.data.template), ("eval.template", e.get("template"))):
+    for field, t in (("data.template", c.data.template), ("eval.template", e.template)):
         try:
             if t:
                 format_prompt("x", t)
@@ -325,8 +203,8 @@ def validate_eval(c) -> None:
 def eval_models(c) -> dict[str, str]:
     """`mode=eval`'s models: `eval.models` (a dict, in config files) and `eval.model_list`
     ('NAME=DIR,NAME=DIR', from the command line), in that order."""
-    models = dict(c.eval.get("models") or {})
-    for item in [x.strip() for x in (c.eval.get("model_list") or "").split(",") if x.strip()]:
+    models = dict(c.eval.models or {})
+    for item in [x.strip() for x in (c.eval.model_list or "").split(",") if x.strip()]:
         name, sep, path = item.partition("=")
         if not sep or not name.strip() or not path.strip():
             raise ConfigValidationError(f"eval.model_list: {item!r} is not NAME=DIR")
@@ -336,8 +214,39 @@ def eval_models(c) -> dict[str, str]:
     return models
 
 
+def eval_settings(c):
+    """The sampling settings of `eval.*`, the same for in-training evaluation and `mode=eval`. `eval.stop_strings`
+    (its own list: the official evaluation generates until EOS where its training stops at `</SOLUTION>`) is
+    stored with them, so results sampled under other stop strings are never mixed."""
+    from sage_jax.eval.benchmarks import string_list
+    from sage_jax.eval.evaluate import EvalSettings
+    e = c.eval
+    stops = list(string_list(e.stop_strings, "eval.stop_strings"))
+    return EvalSettings(n=e.n, temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_new_tokens, seed=c.seed,
+                        problems_per_batch=max(1, e.batch_size // e.n),
+                        sampler={"stop_strings": stops} if stops else {})
+
+
+def non_finite_fields(c, prefix: str = "") -> list[str]:
+    """Every `field=value` of the config (nested dicts, tuples and lists included) whose float is NaN or inf."""
+    out = []
+    for k, v in c.items():
+        name = f"{prefix}{k}"
+        if hasattr(v, "items"):
+            out += non_finite_fields(v, name + ".")
+        elif isinstance(v, float) and not math.isfinite(v):
+            out.append(f"{name}={v}")
+        elif isinstance(v, (tuple, list)) and any(isinstance(x, float) and not math.isfinite(x) for x in v):
+            out.append(f"{name}={tuple(v)}")
+    return out
+
+
 def validate(c, num_devices: int | None = None) -> None:
     """Every check that needs no model or data: fails fast, naming the field."""
+    bad = non_finite_fields(c)
+    if bad:  # a range check written `x < lo` is false for NaN: refuse them all here, by name
+        raise ConfigValidationError(f"{bad[0]} must be a finite number" + (f" (also {', '.join(bad[1:])})"
+                                                                             if len(bad) > 1 else ""))
     if c.mode not in MODES:
         raise ConfigValidationError(f"mode={c.mode!r} is not one of {MODES}")
     for k in ("max_steps", "log_every"):
@@ -347,10 +256,9 @@ def validate(c, num_devices: int | None = None) -> None:
         raise ConfigValidationError(f"checkpoint_every={c.checkpoint_every} must be >= 0")
     if not c.model.path:
         raise ConfigValidationError("model.path is empty: give an HF directory (or a hub id when online)")
-    path = c.model.path
     from sage_jax.models.hf import is_hub_id
-    if not os.path.isdir(path) and not is_hub_id(path):
-        raise ConfigValidationError(f"model.path={path!r}: no such directory (and not a hub id 'org/name')")
+    if not os.path.isdir(c.model.path) and not is_hub_id(c.model.path):
+        raise ConfigValidationError(f"model.path={c.model.path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
     if c.model.attention_chunk < 0:
         raise ConfigValidationError(f"model.attention_chunk={c.model.attention_chunk} must be >= 0 (0 = off)")
@@ -359,7 +267,7 @@ def validate(c, num_devices: int | None = None) -> None:
     if c.data.num_epochs < 0 or (c.data.num_epochs and c.mode != "sft"):
         raise ConfigValidationError(f"data.num_epochs={c.data.num_epochs}: >= 0, and only for mode=sft "
                                     "(RL runs count max_steps)")
-    if lora_config(c) is None and c.model.lora.get("init_from"):
+    if lora_config(c) is None and c.model.lora.init_from:
         raise ConfigValidationError(f"model.lora.init_from={c.model.lora.init_from!r} needs LoRA on "
                                     "(model.lora.rank > 0)")
     lora_param_dtype(c)
@@ -374,27 +282,68 @@ def validate(c, num_devices: int | None = None) -> None:
     validate_eval(c)
     if c.mode == "rl":
         try:
-            rl_config(c, validating=True).check_batch(c.data.batch_size * c.rl.dynamic_sampling)
+            rl_config(c).check_batch(c.data.batch_size * c.rl.dynamic_sampling)
         except ValueError as e:
             raise ConfigValidationError(str(e)) from None
     optim_config(c)
+    _validate_mesh(c, num_devices)
+
+
+def _validate_mesh(c, num_devices: int | None) -> None:
+    """mesh.shape fits the devices (`sharding.resolve_shape`), and the step's and the sampler's rows divide over
+    its batch shards (`sharding.check_rows`)."""
+    from sage_jax import sharding
     shape = tuple(c.mesh.shape)
-    if len(shape) != 3 or shape.count(-1) > 1:
-        raise ConfigValidationError(f"mesh.shape={shape}: three entries (data, fsdp, tensor), at most one -1")
-    if num_devices is not None:
-        known = 1
-        for s in shape:
-            known *= s if s != -1 else 1
-        if num_devices % known:
-            raise ConfigValidationError(f"mesh.shape={shape} does not fit {num_devices} devices")
-        full = [s if s != -1 else num_devices // known for s in shape]
-        batch_shards = full[0] * full[1]
-        rows = c.data.batch_size * (c.rollout.group_size if c.mode == "rl" else 1)
-        if rows % batch_shards:
-            raise ConfigValidationError(
-                f"data.batch_size={c.data.batch_size}"
-                + (f" x rollout.group_size={c.rollout.group_size}" if c.mode == "rl" else "")
-                + f" = {rows} rows is not divisible by the {batch_shards} batch shards of mesh.shape={shape}")
-        if c.eval.batch_size % batch_shards:
-            raise ConfigValidationError(f"eval.batch_size={c.eval.batch_size} sampler rows are not divisible by the "
-                                        f"{batch_shards} batch shards of mesh.shape={shape}")
+    try:
+        resolved = sharding.resolve_shape(shape, num_devices if num_devices is not None else _known_devices(shape))
+    except ValueError as e:
+        raise ConfigValidationError(f"mesh.shape={shape}: {e}") from None
+    if num_devices is None:
+        return
+    shards = resolved[0] * resolved[1]
+    rows = c.data.batch_size * (c.rollout.group_size if c.mode == "rl" else 1)
+    what = f"data.batch_size={c.data.batch_size}" + (f" x rollout.group_size={c.rollout.group_size}"
+                                                      if c.mode == "rl" else "")
+    for n, name in ((rows, what), (c.eval.batch_size, f"eval.batch_size={c.eval.batch_size}")):
+        if n % shards:
+            raise ConfigValidationError(f"{name} = {n} rows is not divisible by the {shards} batch shards of "
+                                        f"mesh.shape={shape}")
+
+
+def _known_devices(shape) -> int:
+    """A device count that fits `shape` when the real one is not known yet (the -1 entry then stands for 1)."""
+    n = 1
+    for s in shape:
+        n *= s if s > 0 else 1
+    return n
+
+
+def resolve(c, num_devices: int | None = None) -> RunSpec:
+    """The config, validated (`validate`), as the typed `RunSpec` that train/ hands down part by part: the
+    one place a ConfigDict is read."""
+    validate(c, num_devices)
+    d, e = c.data, c.eval
+    model = ModelSpec(path=c.model.path, dtype=model_dtypes(c)[0], param_dtype=model_dtypes(c)[1],
+                      remat=c.model.remat, attention_chunk=c.model.attention_chunk, lora=lora_config(c),
+                      lora_param_dtype=lora_param_dtype(c), lora_init_from=c.model.lora.init_from)
+    data = DataSpec(name=d.name, builder_config=d.builder_config if d.name == "procedural_arithmetic" else None,
+                    train_split=d.train_split, data_dir=d.data_dir, manual_dir=d.manual_dir or None,
+                    template=d.template, system_prompt=d.system_prompt, batch_size=d.batch_size,
+                    sampled_per_step=d.batch_size * (c.rl.dynamic_sampling if c.mode == "rl" else 1),
+                    max_train_problems=d.max_train_problems, max_prompt_tokens=d.max_prompt_tokens,
+                    max_answer_tokens=d.max_answer_tokens, max_sft_tokens=d.max_sft_tokens,
+                    sft_loss_on=d.sft_loss_on, sft_drop_longer=d.sft_drop_longer, num_epochs=d.num_epochs)
+    evaluation = EvalSpec(benchmarks=tuple(b.strip() for b in e.benchmarks.split(",") if b.strip()),
+                          num_problems=e.num_problems, settings=eval_settings(c), batch_size=e.batch_size,
+                          template=e.template or d.template, at_start=e.at_start, at_end=e.at_end,
+                          every=c.eval_every, models=tuple(eval_models(c).items()),
+                          decode_segments=c.rollout.decode_segments)
+    return RunSpec(mode=c.mode, seed=c.seed, max_steps=c.max_steps, model=model, data=data,
+                   rl=rl_config(c) if c.mode == "rl" else None, stop_strings=_stop_string_list(c),
+                   optim=optim_config(c), reward=c.rl.reward, logp_chunk=c.rl.logp_chunk,
+                   skip_nonfinite=c.optim.skip_nonfinite, eval=evaluation,
+                   ckpt=CheckpointSpec(every=c.checkpoint_every, keep=c.ckpt.keep, async_save=c.ckpt.async_save,
+                                       export_hf=c.ckpt.export_hf),
+                   logging=LoggingSpec(every=c.log_every, tensorboard=c.logging.tensorboard, wandb=c.logging.wandb,
+                                       wandb_project=c.logging.wandb_project, progress=c.logging.progress),
+                   mesh_shape=tuple(c.mesh.shape), config_json=c.to_json_best_effort(indent=2))

@@ -1,7 +1,8 @@
 """Entry point: `python -m sage_jax.main --config=configs/<name>.py[:arg] --workdir=DIR [--config.x.y=v]`.
 
 `config.mode` selects sft, rl or eval. Errors a user can fix (a bad config field, a missing file, a
-checkpoint that does not match) print one line naming the field / file and exit with status 2.
+checkpoint that does not match: `sage_jax.errors.UserError`) print one line naming the field / file and exit with
+status 2 (3: a run stopped because its loss or gradient turned non-finite).
 """
 
 from __future__ import annotations
@@ -14,29 +15,18 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from sage_jax.errors import ConfigValidationError, UserError
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "ml_collections config file (configs/*.py[:arg])",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval/", required=True)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from sage_jax.config_lib import ConfigValidationError
-    from sage_jax.data.sources import DataConfigError, DataFormatError, ManualFileMissingError
-    from sage_jax.eval.evaluate import SettingsMismatchError
-    from sage_jax.models.config import ConfigError
-    from sage_jax.models.hf import CheckpointError
-    from sage_jax.models.safetensors_io import SafetensorsError
-    from sage_jax.train.checkpoint import RestoreError
-    from sage_jax.train.metric_writer import MetricsFileError
-    return (ConfigValidationError, ConfigError, CheckpointError, SafetensorsError, DataFormatError,
-            ManualFileMissingError, SettingsMismatchError, MetricsFileError, DataConfigError, RestoreError)
 
 
 def _report(summary: dict) -> None:
     """The held-out evaluation before and after training with paired CIs, then the summary as one JSON line."""
     ev = summary.get("eval")
     if ev is not None and "before" in summary and "after" in summary:
-        from sage_jax.eval import report as eval_report
+        from sage_jax.eval import report as eval_report  # the CLI's heavy imports wait until flags parse
         first, last = "step_0", f"step_{summary['end_step']}"
         info = next(iter(ev["benchmarks"].values()))
         print(f"\nheld-out evaluation ({info['num_problems']} problems x n = {info['n']}; {first} = before "
@@ -49,7 +39,6 @@ def _report(summary: dict) -> None:
 
 def _check_workdir(workdir: str) -> None:
     """The run directory exists (made here) and takes files; else one line instead of a traceback later."""
-    from sage_jax.config_lib import ConfigValidationError
     if workdir.startswith("gs://"):
         return  # object storage: Orbax and tf.io write there; nothing to probe with os
     if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -68,20 +57,19 @@ def _check_workdir(workdir: str) -> None:
 def main(argv):
     del argv
     logging.getLogger("absl").setLevel(logging.WARNING)
-    from sage_jax import distributed
+    from sage_jax import distributed  # the CLI's heavy imports (JAX, the package) wait until flags parse
     distributed.maybe_initialize()
     c = _CONFIG.value
     try:
         _check_workdir(_WORKDIR.value)
+        from sage_jax.train import eval_mode, loop
         if c.mode == "eval":
-            from sage_jax.train import eval_mode
             eval_mode.run(c, _WORKDIR.value)
         else:
-            from sage_jax.train import loop as train
-            _report(train.run(c, _WORKDIR.value))
-    except _user_errors() as e:
+            _report(loop.run(c, _WORKDIR.value))
+    except UserError as e:  # every error a user can fix: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code)
 
 
 def _override_error(argv: list[str]) -> str | None:
@@ -126,7 +114,11 @@ def _parse_flags(argv: list[str]):
             msg = _override_error(argv)
         except Exception:  # noqa: BLE001  (the config file itself is broken: report the original error)
             msg = None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        first = lines[0] if lines else type(e).__name__
+        if "Error whilst parsing config file" in first and len(lines) > 1:
+            # ml_collections wraps the config file's own error in a traceback text: its last line is the reason
+            first = f"--config={spec}: {lines[-1]}"
         print(f"error: {msg or first}", file=sys.stderr)
         sys.exit(2)
 

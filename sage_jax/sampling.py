@@ -53,13 +53,13 @@ class SamplingConfig:
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # NaN and inf fail too
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.min_p < 1:
+        if not 0 <= self.min_p < 1:  # NaN fails it
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.decode_segments < 1:
             raise ValueError(f"decode_segments must be >= 1, got {self.decode_segments}")

@@ -109,6 +109,31 @@ class StopStrings:
     def for_tokenizer(cls, strings: Sequence[str], tokenizer, vocab_size: int) -> "StopStrings":
         return cls(strings, token_bytes(tokenizer, vocab_size))
 
+    def min_tokens(self) -> list[int | None]:
+        """Per string, the fewest tokens whose text completes it (a breadth-first search of its automaton from the
+        start state); None when no sequence of this vocabulary's tokens can write it."""
+        out = []
+        for k, m in enumerate(self.matched):
+            dist, frontier, d = {0: 0}, [0], 0
+            while frontier and m not in dist:
+                d += 1
+                nxt = np.unique(self.table[k, frontier])
+                frontier = [int(x) for x in nxt if int(x) not in dist]
+                dist.update((x, d) for x in frontier)
+            out.append(dist.get(int(m)))
+        return out
+
+    def check_reachable(self, max_new_tokens: int, field: str) -> None:
+        """Refuses a string that can never fire: no token sequence writes it, or it needs more tokens than
+        `max_new_tokens` (one line naming `field`)."""
+        for s, n in zip(self.strings, self.min_tokens()):
+            if n is None:
+                raise ValueError(f"{field}: {s!r} can never be written by this tokenizer's tokens, so it would never "
+                                 "stop a completion; remove it")
+            if n > max_new_tokens:
+                raise ValueError(f"{field}: {s!r} needs at least {n} tokens, more than the {max_new_tokens} of the "
+                                 "completion budget, so it would never fire")
+
     def __hash__(self):
         return hash(self._key)
 

@@ -35,12 +35,13 @@ def main():
 
     from sage_jax import sharding as shd
     from sage_jax.rewards.host import HostReward
-    from sage_jax.rl import state as rl_state, step as R
+    from sage_jax.policy import state as train_state
+    from sage_jax.rl import step as R
 
     assert jax.device_count() == 4 and jax.process_count() == a.num_processes
     mesh = shd.make_mesh((1, 2, 2))
     cfg, tx, lr_fn = parts()
-    graphdef, state = rl_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
+    graphdef, state = train_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
 
     verified = []
 

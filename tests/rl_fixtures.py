@@ -7,7 +7,8 @@ from flax import nnx
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import char_tokenizer, tiny_config
 from sage_jax.rewards.host import HostReward, encode_answers
-from sage_jax.rl import losses, optim, state as rl_state, step as R
+from sage_jax.policy import optim, state as train_state
+from sage_jax.rl import losses, step as R
 from sage_jax.sampling import SamplingConfig, left_pad
 
 TOK = char_tokenizer()
@@ -38,6 +39,6 @@ def setup(reward_fn=count_ones, seed=0, lr=1e-3, tx=None, decoder_remat="none", 
         tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=lr))
     else:
         lr_fn = lambda step: jnp.float32(lr)
-    graphdef, state = rl_state.init_train_state(model, cfg, tx, seed)
+    graphdef, state = train_state.init_train_state(model, cfg, tx, seed)
     step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(TOK, reward_fn))
     return cfg, graphdef, state, step

@@ -23,7 +23,8 @@ from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import tiny_config  # noqa: E402
 from sage_jax.rewards.host import HostReward  # noqa: E402
 from sage_jax.rl import losses  # noqa: E402
-from sage_jax.rl import optim, state as rl_state, step as R  # noqa: E402
+from sage_jax.policy import optim, state as train_state
+from sage_jax.rl import step as R  # noqa: E402
 from sage_jax.sampling import SamplingConfig, generate  # noqa: E402
 
 MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
@@ -77,7 +78,7 @@ def rollout_tokens(graphdef, state, cfg, batch, mesh):
         with shd.activation_sharding(mesh):
             out = generate(nnx.merge(graphdef, params), rep(prompt), rep(pmask), key, cfg.sampling)
         return out.tokens_BxT, out.mask_BxT
-    return jax.jit(fn)(rl_state.policy_state(state), state.rng, state.step, batch["prompt"], batch["prompt_mask"])
+    return jax.jit(fn)(train_state.policy_state(state), state.rng, state.step, batch["prompt"], batch["prompt_mask"])
 
 
 def make_lora_model():
@@ -91,7 +92,7 @@ def make_lora_model():
 def run(mesh_shape, out_dir, report, use_lora=False):
     cfg, tx, lr_fn = parts()
     model = make_lora_model() if use_lora else make_model()
-    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)  # eager init, as the 1-device path
+    graphdef, state = train_state.init_train_state(model, cfg, tx, 0)  # eager init, as the 1-device path
     name = ("lora_" if use_lora else "") + ("ref" if mesh_shape is None else "x".join(map(str, mesh_shape)))
     mesh = None if mesh_shape is None else shd.make_mesh(mesh_shape)
     if mesh is not None:
@@ -116,11 +117,11 @@ def run(mesh_shape, out_dir, report, use_lora=False):
 def born(report):
     """Born-sharded init on each mesh: the shardings, and the values against the eager init."""
     cfg, tx, _ = parts()
-    _, eager = rl_state.init_train_state(make_model(), cfg, tx, 0)
+    _, eager = train_state.init_train_state(make_model(), cfg, tx, 0)
     ref = flat(eager.params, "")
     for ms in MESHES:
         mesh = shd.make_mesh(ms)
-        _, st = rl_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
+        _, st = train_state.init_train_state_sharded(make_model, cfg, tx, 0, mesh)
         got = flat(st.params, "")
         diff = max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref)
         report["born_" + "x".join(map(str, ms))] = {"shardings": shardings(st), "max_abs_diff_vs_eager": diff}

@@ -9,7 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from sage_jax.rl import losses, state as rl_state, step as R
+from sage_jax.policy import state as train_state
+from sage_jax.rl import losses, step as R
 from sage_jax.rl.update import accumulate_grads
 
 A, B, T, D, V = 4, 16, 7, 8, 11
@@ -70,7 +71,7 @@ def _sgd_step(loss_type, accum, **loss_kw):
                      loss=losses.LossConfig(loss_type=loss_type, beta=0.04, **loss_kw), grad_accum_steps=accum)
     model = Decoder(tiny_config(hidden_size=32, num_layers=1), rngs=nnx.Rngs(0))
     tx = optax.sgd(1.0)  # the update is -grad: compares gradients, not Adam's normalised steps
-    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)
+    graphdef, state = train_state.init_train_state(model, cfg, tx, 0)
     p0 = jax.tree.map(np.asarray, state.params)
     step = jax.jit(lambda s, b: R.rl_step(s, b, graphdef=graphdef, cfg=cfg, tx=tx, lr_fn=lambda s: 1.0,
                                            reward_host=HostReward(F.TOK, F.count_ones)))

@@ -9,7 +9,7 @@ from flax import nnx
 
 from sage_jax.models.decoder import Decoder, positions_from_mask
 from sage_jax.models.tiny import tiny_config
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
 
 ATOL = 1e-5  # fp32, a handful of ops apart at most (each chunk's softmax is the same row's softmax)
 

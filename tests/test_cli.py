@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from sage_jax.config_lib import TINY_BASE
+from sage_jax.defaults import TINY_BASE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -31,12 +31,10 @@ def test_config_validates(name, arg, tmp_path):
     c = _load(name, arg)
     if name == "tiny_sft.py":
         c.model.path = str(tmp_path)  # made by `python -m sage_jax.models.tiny` before it runs
-    config_lib.validate(c, num_devices=8)
-    for key in ("seed", "max_steps", "checkpoint_every", "log_every"):
-        assert key in c
-    if c.mode == "rl":
-        rl = config_lib.rl_config(c, validating=True)  # stop strings compile against the model's tokenizer
-        assert rl.guide == c.sage.guide and rl.loss.beta == c.rl.beta
+    spec = config_lib.resolve(c, num_devices=8)
+    assert (spec.mode, spec.seed, spec.max_steps) == (c.mode, c.seed, c.max_steps)
+    if c.mode == "rl":  # the stop strings compile against the model's tokenizer, later (RLConfig.with_tokenizer)
+        assert spec.rl.guide.name == c.sage.guide and spec.rl.loss.beta == c.rl.beta
 
 
 def _docstring_commands(name):
@@ -123,6 +121,20 @@ def test_dapo_preset_is_the_published_recipe():
     (lambda c: setattr(c.rl, "dynamic_sampling", 0), "rl.dynamic_sampling"),
     (lambda c: setattr(c.model, "attention_chunk", -1), "model.attention_chunk"),
     (lambda c: setattr(c.rl, "overlong_buffer", 97), "rl.overlong_buffer"),  # tiny.py: 96 completion tokens
+    # non-finite numbers: a range check `x < lo` is false for NaN, so each must be refused by name
+    (lambda c: setattr(c.optim, "learning_rate", float("nan")), "optim.learning_rate=nan"),
+    (lambda c: setattr(c.optim, "learning_rate", float("inf")), "optim.learning_rate=inf"),
+    (lambda c: setattr(c.rl, "beta", float("nan")), "rl.beta=nan"),
+    (lambda c: setattr(c.rollout, "temperature", float("nan")), "rollout.temperature=nan"),
+    (lambda c: setattr(c.optim, "grad_clip_norm", float("nan")), "optim.grad_clip_norm=nan"),
+    (lambda c: setattr(c.rl, "eps_high", float("nan")), "rl.eps_high=nan"),
+    (lambda c: setattr(c.rl, "mis_bounds", (0.5, float("inf"))), "rl.mis_bounds"),
+    (lambda c: setattr(c.rl, "beta", -1.0), "rl.beta must be >= 0"),  # the CLI field, not LossConfig.beta
+    (lambda c: setattr(c.rl, "sampler_correction", "trl_2"), "rl.sampler_correction"),
+    (lambda c: (setattr(c.rl, "sampler_correction", "trl_1.16"), setattr(c.rl, "tis_cap", 2.0)), "rl.tis_cap"),
+    (lambda c: (setattr(c.rl, "pass_at_k", 2), setattr(c.rl, "overlong_buffer", 8)), "rl.overlong_buffer=8"),
+    (lambda c: setattr(c.rl, "update_shuffle", "all"), "rl.update_shuffle"),
+    (lambda c: setattr(c.eval, "stop_strings", ("",)), "eval.stop_strings"),
 ])
 def test_invalid_configs_name_the_field(edit, field):
     c = _load("tiny.py")

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 from rl_fixtures import TOK, batch, setup
 
 from sage_jax.rewards.host import HostReward
-from sage_jax.rl import dapo, state as rl_state, step as R
+from sage_jax.policy import state as train_state
+from sage_jax.rl import dapo, step as R
 from sage_jax.rl.advantages import group_advantages
 from sage_jax.rl.rollout import rollout
 from sage_jax.sampling import SamplingConfig
@@ -75,7 +75,7 @@ def _rollout(answers, max_new_tokens=16, eos_ids=(EOS,), **fields):
     cfg, graphdef, state, _ = setup(sampling=SamplingConfig(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=0,
                                                             decode_segments=2))
     cfg = dataclasses.replace(cfg, **fields)
-    policy = rl_state.policy_model(graphdef, state)
+    policy = train_state.policy_model(graphdef, state)
     fn = jax.jit(lambda b, key: rollout(policy, b, key, cfg, HostReward(TOK, _by_answer)))
     return fn(_batch(answers), jax.random.key(7)), cfg
 
@@ -189,7 +189,7 @@ def test_stop_strings_end_a_row_without_truncating_it():
     sampling = SamplingConfig(max_new_tokens=12, eos_ids=(10_000,), pad_id=0, decode_segments=1, stop=stop)
     cfg, graphdef, state, _ = setup(sampling=sampling)
     cfg = dataclasses.replace(cfg, overlong_filter=True)
-    policy = rl_state.policy_model(graphdef, state)
+    policy = train_state.policy_model(graphdef, state)
     ro = jax.jit(lambda b, key: rollout(policy, b, key, cfg, HostReward(TOK, _by_answer)))(_batch(["12"] * 4),
                                                                                         jax.random.key(3))
     texts = [TOK.decode(t[m == 1].tolist()) for t, m in zip(np.asarray(ro.tokens_BxT), np.asarray(ro.cmask_BxT))]

@@ -130,6 +130,47 @@ def test_malformed_rows_name_the_file_and_row(tmp_path):
         list(sources.records_from_file(sources.SPECS["dapo_math_17k"], dapo))
 
 
+def test_rows_of_the_wrong_type_are_refused_not_stringified(tmp_path):
+    """A list problem or a dict answer names the file, the row and the field (they were stringified before)."""
+    manual = tmp_path / "manual"
+    bad = manual / "math500" / "test.jsonl"
+    row = {"problem": "2*2", "answer": "4", "solution": "", "unique_id": "p1", "subject": "x", "level": 1}
+    for field, value in (("problem", ["2*2", "x"]), ("answer", {"v": 4})):
+        _jsonl(bad, [row, {**row, "unique_id": "p2", field: value}])
+        with pytest.raises(DataFormatError) as e:
+            builders.load_split("math500", "test", tmp_path / f"data_{field}", manual)
+        assert str(bad) in str(e.value) and "row 2" in str(e.value) and f"'{field}'" in str(e.value), str(e.value)
+    _jsonl(bad, [row, {**row, "unique_id": "p2", "answer": [4, 5]}])  # several golds stay allowed
+    src = builders.load_split("math500", "test", tmp_path / "data_golds", manual)
+    assert sources.decode_record(src[1])["answer"] == "4, 5"
+
+
+def test_a_non_parquet_file_names_itself(tmp_path):
+    bad = tmp_path / "manual" / "amc23" / "test-00000-of-00001.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not a parquet file")
+    with pytest.raises(DataFormatError, match="test-00000-of-00001.parquet: not a readable parquet file"):
+        builders.load_split("amc23", "test", tmp_path / "data", tmp_path / "manual")
+
+
+def test_a_changed_source_file_is_prepared_again(tmp_path):
+    """The prepared copy is keyed on the source files' content: an edited answer or a replaced file is read,
+    never the stale copy (the second call returned the old answers before)."""
+    manual = tmp_path / "manual"
+    f = manual / "math500" / "test.jsonl"
+    rows = [{"problem": f"{a}*{a}", "answer": str(a * a), "unique_id": f"p{a}"} for a in range(2, 6)]
+    _jsonl(f, rows)
+    answers = lambda: [sources.decode_record(r)["answer"]
+                       for r in builders.load_split("math500", "test", tmp_path / "data", manual)]
+    assert answers() == ["4", "9", "16", "25"]
+    rows[1]["answer"] = "10"
+    _jsonl(f, rows)
+    assert answers() == ["4", "10", "16", "25"]
+    _jsonl(f, rows + [{"problem": "6*6", "answer": "36", "unique_id": "p6"}])  # a replaced file, one row more
+    assert answers() == ["4", "10", "16", "25", "36"]
+    assert answers() == ["4", "10", "16", "25", "36"]  # unchanged: the prepared copy is read as it is
+
+
 def test_procedural_builder_splits_are_disjoint(tmp_path):
     cfg = builders.arithmetic_config(max_value=6, num_train=300, num_test=40, seed=3)
     b = builders.get_builder("procedural_arithmetic", tmp_path, config=cfg)

@@ -4,10 +4,9 @@ import json
 import os
 
 import ml_collections
-import pytest
 from test_learning import tiny_config
 
-from sage_jax.config_lib import TINY_BASE
+from sage_jax.defaults import TINY_BASE
 from sage_jax.train import eval_mode, loop as train
 
 

@@ -369,11 +369,39 @@ def test_results_written_before_the_package_split_resume(tmp_path):
     log = new_log()
     evaluate_models(make_models(log), BENCHMARKS, verifiers.exact_match_reward, SETTINGS, tmp_path, progress=False)
     assert log["calls"] == []
+    assert json.loads(path.read_text())["verifier"]["answer_fn"] == "sage_jax.rewards.boxed.extract_boxed_answer"
     stored["verifier"]["reward_fn"] = "sage_jax.rewards.math_verify_reward"
     path.write_text(json.dumps(stored))
     with pytest.raises(SettingsMismatchError, match="reward_fn"):
         evaluate_models(make_models(new_log()), BENCHMARKS, verifiers.exact_match_reward, SETTINGS, tmp_path,
                         progress=False)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "a list", "a sample too many", "a wrong count"])
+def test_a_damaged_results_file_is_set_aside_and_the_evaluation_starts_over(tmp_path, damage, caplog):
+    """A results.json cut short, `[]`, or with a problem whose samples disagree with n gave a JSONDecodeError /
+    AttributeError / ValueError traceback: now one warning naming the file, the file moved to eval.corrupt/, and
+    the evaluation redone from scratch."""
+    evaluate_models(make_models(new_log()), BENCHMARKS, numeric_reward, SETTINGS, tmp_path, progress=False)
+    path = results_path(tmp_path)
+    text = path.read_text()
+    stored = json.loads(text)
+    model, bench = next(iter(stored["models"])), next(iter(BENCHMARKS))
+    rec = next(iter(stored["models"][model]["benchmarks"][bench]["problems"].values()))
+    if damage == "a sample too many":
+        rec["correct"].append(1)
+    elif damage == "a wrong count":
+        rec["num_correct"] += 1
+    raw = {"truncated": text[: len(text) // 2], "empty": "", "a list": "[]"}
+    path.write_text(raw[damage] if damage in raw else json.dumps(stored))
+    damaged = path.read_text()
+    log = new_log()
+    with caplog.at_level("WARNING"):
+        evaluate_models(make_models(log), BENCHMARKS, numeric_reward, SETTINGS, tmp_path, progress=False)
+    assert log["calls"]  # sampled again
+    assert (tmp_path / "eval.corrupt" / "results.json").read_text() == damaged
+    assert any(str(path) in r.getMessage() and "eval.corrupt" in r.getMessage() for r in caplog.records)
+    assert load_results(tmp_path) is not None
 
 
 def test_with_the_project_verifier(tmp_path):

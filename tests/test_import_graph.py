@@ -56,16 +56,18 @@ def test_no_import_circles():
     assert not cycles, f"import circles: {cycles}"
 
 
-# docs/design.md §4: models <- sampling <- rl <- train <- main, with data, rewards and eval beside. A unit (a
-# subpackage or a top-level module) imports only units on lower layers, never one on its own layer or above.
+# docs/design.md §4: models <- sampling <- rl <- spec <- config_lib <- train <- main, with data, rewards and eval
+# beside. A unit (a subpackage or a top-level module) imports only units on lower layers, never one on its own
+# layer or above.
 LAYERS = {
-    "sharding": 0, "stop_strings": 0,
+    "sharding": 0, "stop_strings": 0, "errors": 0,
     "models": 1, "rewards": 1, "distributed": 1,
-    "sampling": 2, "data": 2,
+    "sampling": 2, "data": 2, "policy": 2,
     "rl": 3, "eval": 3,
-    "config_lib": 4, "losses": 4, "guides": 4, "evaluate": 4,  # the last three: aliases of the §6 interface
-    "train": 5,
-    "main": 6,
+    "spec": 4, "defaults": 4, "losses": 4, "guides": 4, "evaluate": 4,  # the last three: aliases of §6
+    "config_lib": 5,
+    "train": 6,
+    "main": 7,
 }
 
 

@@ -10,8 +10,9 @@ from flax import nnx
 from sage_jax.models import hf, lora
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
-from sage_jax.rl import losses, optim, state as rl_state, step as R
-from sage_jax.rl.logprobs import sequence_logp_entropy
+from sage_jax.policy import optim, state as train_state
+from sage_jax.rl import losses, step as R
+from sage_jax.policy.logprobs import sequence_logp_entropy
 from tests import hf_fixtures, rl_fixtures as F
 
 LCFG = lora.LoRAConfig(rank=4, alpha=8.0)
@@ -70,10 +71,10 @@ def test_one_step_trains_only_adapters_and_reference_is_base():
     _, base_params = nnx.split(base_model)
     base_np = jax.tree.map(np.asarray, base_params)
     # full fine-tuning state for the byte comparison
-    full = state_bytes(rl_state.init_train_state(_tiny(), cfg, tx, 0)[1])
+    full = state_bytes(train_state.init_train_state(_tiny(), cfg, tx, 0)[1])
 
     model = lora.add_lora(_tiny(), lora.LoRAConfig(rank=4, alpha=8.0, dropout=0.1))  # dropout in training
-    graphdef, state = rl_state.init_train_state(model, cfg, tx, 0)
+    graphdef, state = train_state.init_train_state(model, cfg, tx, 0)
     sizes = state_bytes(state)
     print(f"\nbytes full FT: {full}\nbytes LoRA r={LCFG.rank}: {sizes}")
     assert state.ref_params is None  # no second copy of the weights
@@ -94,12 +95,12 @@ def test_one_step_trains_only_adapters_and_reference_is_base():
     # reference = base arrays with adapters zeroed: its log-probs equal the base model's exactly
     tokens = _tokens(base_model.cfg.vocab_size, (3, 10))
     mask = jnp.ones_like(tokens)
-    ref = rl_state.merge_policy(graphdef, jax.tree.map(jnp.zeros_like, state.params), state.frozen_params)
+    ref = train_state.merge_policy(graphdef, jax.tree.map(jnp.zeros_like, state.params), state.frozen_params)
     slp = nnx.jit(lambda m: sequence_logp_entropy(m, tokens, mask, 4))
     lp_ref, ent_ref = slp(ref)
     lp_base, ent_base = slp(base_model)
     np.testing.assert_array_equal(np.asarray(lp_ref), np.asarray(lp_base))
-    lp_pol, _ = slp(rl_state.policy_model(graphdef, state))
+    lp_pol, _ = slp(train_state.policy_model(graphdef, state))
     assert np.abs(np.asarray(lp_pol) - np.asarray(lp_base)).max() > 0  # the policy did change
 
 
@@ -191,9 +192,9 @@ def test_peft_adapter_of_another_rank_or_without_lora_is_one_error(adapted_hf, t
 
 
 def test_lora_from_config():
-    from sage_jax import config_lib
+    from sage_jax import config_lib, defaults
 
-    c = config_lib.default_config()
+    c = defaults.default_config()
     assert config_lib.lora_config(c) is None
     c.model.lora.rank, c.model.lora.alpha, c.model.lora.targets = 8, 32.0, "q, v,down"
     lc = config_lib.lora_config(c)
@@ -208,7 +209,7 @@ def test_sharded_init_keeps_base_and_places_adapters(adapted_hf):
     mesh = jax.tree.leaves(nnx.state(model, nnx.Param))[0].sharding.mesh  # hf.load's 1-device mesh
     cfg = R.RLConfig(group_size=2, loss=losses.LossConfig(beta=0.04))
     tx, _ = optim.make_optimizer(optim.OptimConfig())
-    graphdef, state = rl_state.init_train_state_sharded(model, cfg, tx, 0, mesh)
+    graphdef, state = train_state.init_train_state_sharded(model, cfg, tx, 0, mesh)
     assert state.ref_params is None and state.frozen_params is not None
     assert all(isinstance(x.sharding, jax.sharding.NamedSharding) for x in jax.tree.leaves(state))
     n_adapters = sum(x.size for x in jax.tree.leaves(state.params))
@@ -257,11 +258,11 @@ def test_state_bytes_match_the_estimates_of_the_memory_plan(targets):
     model = _tiny()
     shape = ge.Shape.of(model.cfg)
     n = ge.param_count(shape)
-    full = state_bytes(rl_state.init_train_state(model, cfg, tx, 0)[1])
+    full = state_bytes(train_state.init_train_state(model, cfg, tx, 0)[1])
     counts = 2 * 4  # Adam's and the schedule's int32 step counters
     assert full == dict(params=4 * n, frozen=0, ref=4 * n, opt_state=2 * 4 * n + counts)
     lcfg = lora.LoRAConfig(rank=4, alpha=8.0, targets=targets)
-    sizes = state_bytes(rl_state.init_train_state(lora.add_lora(_tiny(), lcfg), cfg, tx, 0)[1])
+    sizes = state_bytes(train_state.init_train_state(lora.add_lora(_tiny(), lcfg), cfg, tx, 0)[1])
     n_lora = ge.lora_param_count(shape, 4, targets)
     assert sizes == dict(params=4 * n_lora, frozen=4 * n, ref=0, opt_state=2 * 4 * n_lora + counts)
     print(f"\nLoRA r=4 {targets}: trainable + optimizer bytes {sizes['params'] + sizes['opt_state']} vs full FT "

@@ -8,7 +8,7 @@ import sys
 
 CODE = r"""
 import jax, numpy as np
-from sage_jax.config_lib import TINY_BASE
+from sage_jax.defaults import TINY_BASE
 from sage_jax.models import hf
 from sage_jax.models.config import ConfigError
 from sage_jax.sampling import SamplingConfig, TextSampler
@@ -25,15 +25,15 @@ assert len(s.generate(["Compute 1+2."], n=4, seed=0)[0]) == 4
 # training on it: the sharded train state and one fused RL step (sampling, reference, update)
 import jax.numpy as jnp
 from sage_jax.rl import losses
-from sage_jax.rl import optim
-from sage_jax.rl import state as rl_state
+from sage_jax.policy import optim
+from sage_jax.policy import state as train_state
 from sage_jax.rl import step as R
 from sage_jax.rewards.host import HostReward, encode_answers
 from sage_jax.sampling import left_pad
 cfg = R.RLConfig(group_size=2, sampling=SamplingConfig(max_new_tokens=6, eos_ids=(2,), pad_id=0),
                  loss=losses.LossConfig(beta=0.04))
 tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=1e-3))
-graphdef, state = rl_state.init_train_state_sharded(model, cfg, tx, 0, mesh)
+graphdef, state = train_state.init_train_state_sharded(model, cfg, tx, 0, mesh)
 step = R.make_rl_step(graphdef, cfg, tx, lr_fn, HostReward(tok, lambda c, a: np.ones(len(c), np.float32)), mesh)
 p, m = left_pad([tok(x, add_special_tokens=False)["input_ids"] for x in ["1+2=", "3*4="]], 0)
 state, metrics = step(state, dict(prompt=jnp.asarray(p), prompt_mask=jnp.asarray(m),
@@ -43,7 +43,7 @@ assert int(state.step) == 1 and np.isfinite(float(metrics["train/loss"])), metri
 import dataclasses
 cfg2 = dataclasses.replace(cfg, dynamic_sampling=2, overlong_buffer=2)
 model2, _ = hf.load(TINY_BASE, mesh=mesh)
-graphdef2, state2 = rl_state.init_train_state_sharded(model2, cfg2, tx, 0, mesh)
+graphdef2, state2 = train_state.init_train_state_sharded(model2, cfg2, tx, 0, mesh)
 vary = HostReward(tok, lambda c, a: np.array([len(x) % 2 for x in c], np.float32))
 step2 = R.make_rl_step(graphdef2, cfg2, tx, lr_fn, vary, mesh)
 p4, m4 = left_pad([tok(x, add_special_tokens=False)["input_ids"] for x in ["1+2=", "3*4=", "5-1=", "2+2="]], 0)

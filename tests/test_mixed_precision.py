@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sage_jax import config_lib
+from sage_jax import config_lib, defaults
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
 from sage_jax.rl import losses
-from sage_jax.rl.logprobs import sequence_logp_entropy
+from sage_jax.policy.logprobs import sequence_logp_entropy
 
 
 @pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16])
@@ -69,7 +69,7 @@ def test_bf16_compute_float32_reductions(param_dtype):
 
 
 def test_dtypes_from_config():
-    c = config_lib.default_config()
+    c = defaults.default_config()
     c.model.dtype, c.model.param_dtype = "bfloat16", "bfloat16"
     assert config_lib.model_dtypes(c) == (jnp.bfloat16, jnp.bfloat16)
     c.model.param_dtype = "float32"

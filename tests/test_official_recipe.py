@@ -76,7 +76,7 @@ def _stop_string_kept() -> bool:
     include_stop_str_in_output): the tiny base sampled with and without the stop string " = "."""
     import dataclasses
 
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     from sage_jax.models import hf
     from sage_jax.sampling import SamplingConfig, TextSampler
     from sage_jax.stop_strings import StopStrings
@@ -99,7 +99,7 @@ def _resolved(c) -> dict:
     from sage_jax.rewards.verifiers import REWARD_FNS, math_verify_text_reward
     from sage_jax.sampling import SamplingConfig
     stop = object()  # stands for the compiled stop strings (they need the 7B tokenizer)
-    rl = config_lib.rl_config(c, eos_ids=(1,), pad_id=0, stop=stop)
+    rl = config_lib.rl_config(c).with_tokenizer((1,), 0, stop)
     assert isinstance(rl.sampling, SamplingConfig) and rl.sampling.stop is stop
     opt = config_lib.optim_config(c)
     lora = config_lib.lora_config(c)
@@ -133,9 +133,9 @@ def _resolved(c) -> dict:
         "vllm_importance_sampling_cap": rl.loss.tis_cap,
         "vllm_importance_sampling_level": rl.loss.mismatch_level,
         "shuffle_before_split": rl.update_shuffle == "rows",
-        "guide": rl.guide, "branch_ratio": getattr(rl.guide_cfg, "ratio", None),
-        "branch_threshold": getattr(rl.guide_cfg, "threshold", None),
-        "q_min": rl.guide_cfg.q_min, "q_max": rl.guide_cfg.q_max, "branch_source": rl.guide_cfg.source,
+        "guide": rl.guide.name, "branch_ratio": getattr(rl.guide.cfg, "ratio", None),
+        "branch_threshold": getattr(rl.guide.cfg, "threshold", None),
+        "q_min": rl.guide.cfg.q_min, "q_max": rl.guide.cfg.q_max, "branch_source": rl.guide.cfg.source,
         "token_alpha": (tok_g.alpha_ub, tok_g.alpha_lb), "token_sigma": (tok_g.sigma_ub, tok_g.sigma_lb),
         "token_cycles": tok_g.num_cycles, "token_decay": tok_g.decay, "token_source": tok_g.source,
         "token_norm": tok_g.norm, "random_eps": (rnd_g.eps_ub, rnd_g.eps_lb),
@@ -201,7 +201,7 @@ def test_the_preset_code_path_end_to_end(tmp_path):
     import subprocess
     import sys
 
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     _write_data(tmp_path / "manual")
     wd = tmp_path / "run"
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
@@ -248,10 +248,9 @@ def test_evaluation_is_the_official_one():
     c = _preset()
     assert c.eval.template.startswith("chat:")
     benches = [b.partition(":")[0] for b in c.eval.benchmarks.split(",")]
-    from sage_jax.eval.benchmarks import settings_from_config
     got = {"k": c.eval.n, "temperature": c.eval.temperature, "top_p": c.eval.top_p,
            "max_new_tokens": c.eval.max_new_tokens, "eval_limit": c.eval.num_problems or None,
-           "stop": list(settings_from_config(c).sampler.get("stop_strings", [])),
+           "stop": list(config_lib.eval_settings(c).sampler.get("stop_strings", [])),
            "user": c.eval.template.removeprefix("chat:"),  # the user turn of the model's own chat template
            "datasets": tuple(SPECS[b].hub_repo for b in benches)}
     wrong = {k: (v, got[k]) for k, v in OFFICIAL_EVAL.items() if k not in EVAL_DEVIATIONS and got[k] != v}
@@ -355,7 +354,7 @@ def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
     import subprocess
     import sys
 
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     from sage_jax.data.templates import OFFICIAL_SYSTEM_PROMPT as sys_prompt
     from sage_jax.models import hf, safetensors_io as st
     _write_data(tmp_path / "manual")

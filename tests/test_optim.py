@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from sage_jax.rl import optim
+from sage_jax.policy import optim
 
 
 @pytest.mark.parametrize("schedule", optim.SCHEDULES)
@@ -33,7 +33,6 @@ def test_warmup_values_match_formula(schedule):
 def test_warmup_applied_through_the_optimizer():
     """The optimizer actually uses the warmed-up lr: the first AdamW step size is ~ lr(0)."""
     import jax.numpy as jnp
-    import optax
 
     peak, W = 1e-2, 4
     tx, fn = optim.make_optimizer(optim.OptimConfig(learning_rate=peak, warmup_steps=W, weight_decay=0.0,

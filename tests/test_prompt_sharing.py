@@ -14,7 +14,7 @@ from rl_fixtures import batch, setup
 
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.sampling import SamplingConfig, generate
 
 N, G, P, T = 3, 4, 7, 9

@@ -10,7 +10,7 @@ from flax import nnx
 
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import tiny_config
-from sage_jax.rl.logprobs import sequence_logp_entropy
+from sage_jax.policy.logprobs import sequence_logp_entropy
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,10 +48,10 @@ def test_remat_is_in_the_compiled_program():
 
 
 def test_remat_from_config():
-    from sage_jax import config_lib
+    from sage_jax import config_lib, defaults
     from sage_jax.rl import step as R
 
-    c = config_lib.default_config()
+    c = defaults.default_config()
     assert config_lib.rl_config(c).remat == "none"
     c.model.remat = "dots"
     assert config_lib.rl_config(c).remat == "dots"

@@ -92,6 +92,29 @@ def test_table_of_cases(pool):
     assert stats.no_answer >= 4 and stats.gold_unparsed == 1
 
 
+# A box that the reading window (the last MAX_COMPLETION_CHARS characters) cuts: the answer is read whole from the
+# full text, or not at all, in every reward mode. (Before, a box opened before the window was read as an unboxed
+# tail: `\boxed{1+1+...+1}` scored 1 for the gold 1.)
+_LONG = 20000  # characters: more than the window
+
+
+@pytest.mark.parametrize("reward", ["math_verify", "math_verify_text", "exact_match"])
+def test_a_box_cut_by_the_reading_window_is_read_whole_or_not_at_all(pool, reward):
+    def score(texts, golds):
+        if reward == "exact_match":
+            return R.exact_match_reward(texts, golds)
+        return pool.verify(texts, golds, mode=R.VERIFIER_MODES[reward])[0]
+
+    wrong = ["\\boxed{" + "1+" * _LONG + "1}",  # the case: its tail reads as 1
+             "\\boxed{" + "2 + " * _LONG + "2}",  # a long wrong sum whose tail ends in the gold
+             "\\boxed{" + "1+" * _LONG + "1"]  # a box cut by the window that never closes
+    np.testing.assert_array_equal(score(wrong, ["1", "2", "1"]), [0.0, 0.0, 0.0])
+    # a short correct box across the window's edge is found on the full text (no false negative)
+    right = "x" * _LONG + " \\boxed{42} " + "y" * (pool_lib.MAX_COMPLETION_CHARS - 4)
+    assert "\\boxed{" not in right[-pool_lib.MAX_COMPLETION_CHARS:]  # the window does cut it
+    np.testing.assert_array_equal(score([right], ["42"]), [1.0])
+
+
 def test_pathological_batch_returns_in_time_with_zeros():
     timeout = 1.5
     with pool_lib.VerifierPool(num_workers=2, timeout_s=timeout) as p:

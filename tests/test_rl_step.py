@@ -1,6 +1,5 @@
 """The fused RL step: one compilation, no reference pass at beta = 0, invariants, robustness, golden."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -9,8 +8,8 @@ import pytest
 from flax import nnx
 from rl_fixtures import batch, count_ones, setup
 
-from sage_jax.rl import guide_configs, losses, step as R
-from sage_jax.rl.logprobs import grouped_logp_entropy
+from sage_jax.rl import guides, losses, step as R
+from sage_jax.policy.logprobs import grouped_logp_entropy
 from sage_jax.sampling import SamplingConfig
 
 
@@ -55,7 +54,7 @@ def test_beta_zero_compiles_no_reference_forward():
         from rl_fixtures import TOK
 
         from sage_jax.rewards.host import HostReward
-        from sage_jax.rl.optim import OptimConfig, make_optimizer
+        from sage_jax.policy.optim import OptimConfig, make_optimizer
         tx, lr = make_optimizer(OptimConfig(learning_rate=1e-3))
         fn = lambda st, bt: R.rl_step(st, bt, graphdef=g, cfg=cfg, tx=tx, lr_fn=lr,
                                       reward_host=HostReward(TOK, count_ones))
@@ -73,7 +72,7 @@ def test_guide_none_equals_branch_with_zero_ratio():
     # q == 1 either way, so the two programs must give the same update (GRPO with KL).
     b = batch()
     _, _, sa, step_a = setup(guide="none")
-    _, _, sb, step_b = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(ratio=0.0))
+    _, _, sb, step_b = setup(guide=guides.make_guide("branch", ratio=0.0))
     sa, ma = step_a(sa, b)
     sb, mb = step_b(sb, b)
     _leaves_close(sa.params, sb.params, 1e-7)
@@ -85,7 +84,7 @@ def test_branch_guide_raises_kl_at_step_zero():
     # At step 0 the policy equals the reference; q > 1 moves the anchor, so k3 > 0 exactly where q != 1.
     b = batch()
     _, _, s_none, st_none = setup(guide="none")
-    _, _, s_br, st_br = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(threshold=0.0))
+    _, _, s_br, st_br = setup(guide=guides.make_guide("branch", threshold=0.0))
     _, m_none = st_none(s_none, b)
     _, m_br = st_br(s_br, b)
     assert float(m_none["train/kl"]) == pytest.approx(0.0, abs=1e-6)
@@ -258,7 +257,7 @@ GOLDEN = {"train/loss": 1.20565e-05, "train/kl": 0.000299723, "train/grad_norm":
 
 def test_golden_one_step(capsys):
     import os
-    _, _, state, step = setup(guide="branch", guide_cfg=guide_configs.BranchConfig(threshold=4.5))
+    _, _, state, step = setup(guide=guides.make_guide("branch", threshold=4.5))
     _, m = step(state, batch())
     got = {k: float(m[k]) for k in GOLDEN}
     if os.environ.get("GOLDEN_PRINT"):

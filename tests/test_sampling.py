@@ -9,7 +9,7 @@ from hf_fixtures import make_hf_model
 
 from sage_jax import sampling
 from sage_jax.models import hf
-from sage_jax.rl import logprobs
+from sage_jax.policy import logprobs
 
 
 @pytest.fixture(scope="module")

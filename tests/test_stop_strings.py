@@ -51,7 +51,7 @@ def test_automaton_equals_substring_search(seed):
 
 
 def test_token_bytes_decode_like_the_tokenizer():
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     from sage_jax.models import hf
     tok = hf.load_tokenizer(TINY_BASE)
     pieces = token_bytes(tok, len(tok) + 3)
@@ -70,7 +70,7 @@ def test_stop_strings_are_hashable_by_content():
 
 def test_sampler_stops_right_after_the_string_and_keeps_it():
     """With a stop string, every row is the same row without it cut right after the first occurrence."""
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     from sage_jax.models import hf
     from sage_jax.sampling import SamplingConfig, TextSampler
     model, _ = hf.load(TINY_BASE)
@@ -89,3 +89,23 @@ def test_sampler_stops_right_after_the_string_and_keeps_it():
         want = f.text if i < 0 else f.text[: i + len(stop_s)]
         assert c.text == want, (f.text, c.text)
         assert c.num_tokens == (f.num_tokens if i < 0 else len(tok(want, add_special_tokens=False)["input_ids"]))
+
+
+def test_strings_that_can_never_fire_are_refused():
+    """A stop string no token sequence can write (characters outside a character vocabulary), or one needing more
+    tokens than the budget, never stops anything: refused by name instead of accepted silently."""
+    from sage_jax import config_lib, defaults
+    from sage_jax.models import hf
+    tok = hf.load_tokenizer(defaults.TINY_BASE)
+    V = len(tok)
+    assert StopStrings.for_tokenizer([" = ", "Ω≠", "x" * 50], tok, V).min_tokens() == [3, None, 50]  # chars
+    c = defaults.default_config()
+    c.rollout.max_new_tokens = 40
+    for strings, words in (((" = ",), None), (("Ω≠",), "can never be written"), (("x" * 50,), "at least 50 tokens")):
+        c.rollout.stop_strings = strings
+        if words is None:
+            assert config_lib.stop_strings(c, tok, V).strings == strings
+        else:
+            with pytest.raises(config_lib.ConfigValidationError, match=words) as e:
+                config_lib.stop_strings(c, tok, V)
+            assert "rollout.stop_strings" in str(e.value)

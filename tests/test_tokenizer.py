@@ -4,7 +4,7 @@ transformers' auto classes get the same ids and the same greedy text as this pro
 import pytest
 from flax import nnx
 
-from sage_jax.config_lib import TINY_BASE
+from sage_jax.defaults import TINY_BASE
 from sage_jax.data import procedural
 from sage_jax.models import hf
 from sage_jax.models.decoder import Decoder

@@ -163,7 +163,7 @@ def test_deleted_checkpoints_start_over_without_a_second_history(reference, base
 
 
 def test_another_model_in_the_same_workdir_is_refused(reference, base, data_dir, tmp_path):
-    from sage_jax.config_lib import TINY_BASE
+    from sage_jax.defaults import TINY_BASE
     b = str(tmp_path / "b")
     shutil.copytree(reference, b)
     before = sorted(os.listdir(b)), open(os.path.join(b, "metrics.jsonl")).read()

@@ -42,9 +42,10 @@ from sage_jax.models.decoder import Decoder  # noqa: E402
 from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
 from sage_jax.rewards.host import HostReward, encode_answers  # noqa: E402
 from sage_jax.rl import guides  # noqa: E402
-from sage_jax.rl import losses, optim, state as rl_state, step as R  # noqa: E402
+from sage_jax.policy import optim, state as train_state
+from sage_jax.rl import losses, step as R  # noqa: E402
 from sage_jax.rl.advantages import group_advantages  # noqa: E402
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
+from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
 from sage_jax.sampling import SamplingConfig, generate, segment_lengths  # noqa: E402
 
 SHAPES = {  # the two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
@@ -119,7 +120,7 @@ class Setup:
         self.cfg = rl_config(T, G, guide, share_prompt)
         self.tx, self.lr_fn = optimizer()
         self.host = HostReward(self.tok, count_ones)
-        self.graphdef, self.state = rl_state.init_train_state(model, self.cfg, self.tx, seed=0)
+        self.graphdef, self.state = train_state.init_train_state(model, self.cfg, self.tx, seed=0)
         self.batch = make_batch(self.tok, n_prompts)
         self.step_fn = R.make_rl_step(self.graphdef, self.cfg, self.tx, self.lr_fn, self.host)
         self.T, self.G, self.N = T, G, n_prompts
@@ -178,7 +179,7 @@ def phase_fns(s: Setup):
         inputs = guides.GuideInputs(mask_BxT=cmask, step=step, max_steps=cfg.max_steps, key=key, entropy_BxT=ent,
                                     logp_BxT=jax.lax.stop_gradient(logp), ref_logp_BxT=ref_logp,
                                     ref_entropy_BxT=ref_ent)
-        log_q, _ = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
+        log_q, _ = cfg.guide.log_q(inputs)
         loss, _ = losses.policy_loss(logp, None, ref_logp, log_q, adv, cmask, cfg.loss,
                                      num_batch_tokens=cmask.sum())
         return loss

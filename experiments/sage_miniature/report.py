@@ -16,7 +16,7 @@ import numpy as np
 import stats
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from methods import BY_KEY, CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
+from methods import CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
 
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS (run.py rewrites this block) -->", "<!-- END GENERATED RESULTS -->"
 PLOTS = {"pass_at_k": "pass_at_k.png", "training": "training_curves.png", "entropy": "entropy_hist.png"}

@@ -16,8 +16,12 @@ procedural task.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
+import json
+import logging
 import os
+import shutil
 from typing import Any
 
 import numpy as np
@@ -25,10 +29,11 @@ import tensorflow_datasets as tfds
 from etils import epath
 
 from sage_jax.data import procedural
-from sage_jax.data.files import missing_message, resolve_files
+from sage_jax.data.files import find_local_files, missing_message, resolve_files
 from sage_jax.data.sources import SPECS, DataConfigError, SourceSpec, iter_records
 
 VERSION = tfds.core.Version("1.0.0")
+log = logging.getLogger(__name__)
 
 
 def record_features() -> tfds.features.FeaturesDict:
@@ -194,17 +199,53 @@ def get_builder(
     return BUILDERS[name](**kwargs)
 
 
+FINGERPRINT_FILE = "source_fingerprint.json"
+
+
+def source_fingerprint(files) -> list[list]:
+    """[name, size, sha1] of each source file: what a prepared copy was made from."""
+    out = []
+    for f in files:
+        h = hashlib.sha1()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        out.append([os.path.basename(f), os.path.getsize(f), h.hexdigest()])
+    return out
+
+
 def load_split(
     name: str, split: str, data_dir: str | os.PathLike | None = None,
     manual_dir: str | os.PathLike | None = None,
     config: str | ArithmeticBuilderConfig | None = None,
 ):
-    """Prepare `name` if needed and return the random-access source of `split`."""
+    """Prepare `name` if needed and return the random-access source of `split`.
+
+    A release read from local files is keyed on their content: the prepared copy records the files' sizes and
+    hashes (`source_fingerprint.json`), and a copy whose files changed since (an edited answer, a replaced
+    parquet) is prepared again, with a warning, instead of being read stale."""
     b = get_builder(name, data_dir, config)
     dl_config = tfds.download.DownloadConfig(
         manual_dir=os.fspath(os.path.expanduser(manual_dir)) if manual_dir else None
     )
+    local = find_local_files(SPECS[name], manual_dir) if name in SPECS else []
+    fingerprint = source_fingerprint(local) if local else None
+    stamp = os.path.join(os.fspath(b.data_dir), FINGERPRINT_FILE)
+    if fingerprint is not None and os.path.isfile(os.path.join(os.fspath(b.data_dir), "dataset_info.json")):
+        try:
+            with open(stamp) as f:
+                stored = json.load(f)
+        except (OSError, ValueError):
+            stored = None
+        if stored != fingerprint:
+            log.warning("%s: %s changed since %s was prepared from it (or its record is missing); preparing "
+                        "it again", name, ", ".join(str(p) for p in local), b.data_dir)
+            shutil.rmtree(os.fspath(b.data_dir))
+            b = get_builder(name, data_dir, config)
     b.download_and_prepare(download_config=dl_config)
+    if fingerprint is not None and not os.path.isfile(stamp):
+        with open(stamp, "w") as f:
+            json.dump(fingerprint, f)
     if split not in b.info.splits:
         raise DataConfigError(f"{name} has no split {split!r}; it has {sorted(b.info.splits)}")
     return b.as_data_source(split)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from sage_jax.errors import UserError
 from sage_jax.rewards.boxed import last_boxed  # the same brace matcher as the verifier
 
 log = logging.getLogger(__name__)
@@ -34,15 +35,15 @@ RECORD_FIELDS = ("id", "problem", "answer", "solution", "source", "subject", "le
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(UserError, ValueError):
     """A row of a dataset file does not have the expected fields."""
 
 
-class ManualFileMissingError(FileNotFoundError):
+class ManualFileMissingError(UserError, FileNotFoundError):
     """A dataset file is neither in the manual directory nor reachable on the hub."""
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError, ValueError):
     """A dataset, split or builder config that does not exist."""
 
 
@@ -94,6 +95,17 @@ def _require(value: Any, field: str, row: dict) -> Any:
     return value
 
 
+def _scalar(value: Any, field: str, golds: bool = False) -> Any:
+    """`value` when it is text or a number (with `golds`, also a list of them: several gold answers); a list,
+    a dict or anything else is refused, naming the field, instead of being stringified into the record."""
+    ok = (str, int, float, np.integer, np.floating)
+    if isinstance(value, ok) or (golds and isinstance(value, (list, tuple)) and value
+                                 and all(isinstance(x, ok) for x in value)):
+        return value
+    raise TypeError(f"field {field!r} is a {type(value).__name__} ({str(value)[:40]!r}), expected "
+                    + ("text, a number or a list of them" if golds else "text or a number"))
+
+
 # ----------------------------------------------------------------------------- per dataset
 
 # DAPO-Math-17k wraps each problem in an instruction; `problem` keeps only the problem itself
@@ -110,10 +122,11 @@ def _dapo(row: dict, n: int) -> dict:
         msgs = [m for m in list(prompt) if isinstance(m, dict)]
         users = [m for m in msgs if m.get("role") == "user"] or msgs
         text = _require(users[-1].get("content") if users else None, "prompt[].content", row)
-    problem = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text, count=1)).strip()
+    text = _scalar(text, "prompt[].content")
+    problem = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", str(text), count=1)).strip()
     rm = _require(_get(row, "reward_model"), "reward_model", row)
-    answer = _require(rm.get("ground_truth") if isinstance(rm, dict) else None,
-                      "reward_model.ground_truth", row)
+    answer = _scalar(_require(rm.get("ground_truth") if isinstance(rm, dict) else None,
+                              "reward_model.ground_truth", row), "reward_model.ground_truth", golds=True)
     extra = _get(row, "extra_info", default={}) or {}
     idx = extra.get("index") if isinstance(extra, dict) else None
     return {"id": str(idx if idx is not None else n), "problem": problem,
@@ -122,8 +135,8 @@ def _dapo(row: dict, n: int) -> dict:
 
 def _dapo_processed(row: dict, n: int) -> dict:
     """open-r1/DAPO-Math-17k-Processed: `prompt` is the problem text, `solution` the gold answer."""
-    problem = _require(_get(row, "prompt"), "prompt", row)
-    answer = _require(_get(row, "solution"), "solution", row)
+    problem = _scalar(_require(_get(row, "prompt"), "prompt", row), "prompt")
+    answer = _scalar(_require(_get(row, "solution"), "solution", row), "solution", golds=True)
     idx = _get(row, "data_source_index", "index", default=None)
     return {"id": str(idx if idx is not None else n), "problem": str(problem).strip(),
             "answer": answer_text(answer), "solution": "", "subject": "", "level": 0}
@@ -146,11 +159,12 @@ def _omr_mini(row: dict, n: int) -> dict | None:
     answer between `<SOLUTION></SOLUTION>`. Other rows: None (skipped, and counted by `iter_records`)."""
     from sage_jax.data.templates import REASONING_END, SOLUTION_END, SOLUTION_START
 
-    answer = str(_require(_get(row, "expected_answer"), "expected_answer", row))
+    answer = str(_scalar(_require(_get(row, "expected_answer"), "expected_answer", row), "expected_answer"))
     if not _is_number(answer):
         return None
-    problem = str(_require(_get(row, "problem"), "problem", row))
-    thoughts = str(_require(_get(row, "generated_solution"), "generated_solution", row))
+    problem = str(_scalar(_require(_get(row, "problem"), "problem", row), "problem"))
+    thoughts = str(_scalar(_require(_get(row, "generated_solution"), "generated_solution", row),
+                           "generated_solution"))
     thoughts = thoughts.replace("<think>", "").replace("</think>", "").strip()
     return {"id": str(n), "problem": problem, "answer": answer,
             "solution": thoughts + REASONING_END + SOLUTION_START + answer + SOLUTION_END,
@@ -159,9 +173,11 @@ def _omr_mini(row: dict, n: int) -> dict | None:
 
 def _generic(row: dict, n: int) -> dict:
     """MATH-500 / AIME / AMC / Minerva: the common field-name variants, case-insensitively."""
-    problem = _require(_get(row, "problem", "question", "prompt"), "problem", row)
-    solution = str(_get(row, "solution", default="") or "")
+    problem = _scalar(_require(_get(row, "problem", "question", "prompt"), "problem", row), "problem")
+    solution = str(_scalar(_get(row, "solution", default="") or "", "solution"))
     answer = _get(row, "answer", "final_answer", "gold", "ground_truth", "target")
+    if answer is not None:
+        answer = _scalar(answer, "answer", golds=True)
     if (answer is None or answer_text(answer) == "") and solution:
         answer = last_boxed(solution)  # Minerva-style rows keep the answer in the solution
     answer = _require(answer_text(answer) if answer is not None else None, "answer", row)
@@ -231,10 +247,15 @@ def read_rows(path: Path) -> Iterator[tuple[int, dict]]:
     """(1-based row number, row dict) from a parquet, jsonl or json-array file."""
     path = Path(path)
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         n = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataFormatError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:120]})") from None
+        for batch in parquet.iter_batches(batch_size=1024):
             for row in batch.to_pylist():
                 n += 1
                 yield n, row

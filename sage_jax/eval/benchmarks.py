@@ -1,39 +1,34 @@
-"""The evaluation problems a config names (`eval.benchmarks`), for in-training evaluation and `mode=eval` alike.
+"""The evaluation problems an `EvalSpec` names (`eval.benchmarks`) and the sampler each model samples them with,
+for in-training evaluation and `mode=eval` alike.
 
 `eval.num_problems` caps the problems per benchmark; 0 means every problem of the split, in both.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from sage_jax.eval.evaluate import EvalSettings, Problem
 
 
-def eval_template(c) -> str:
-    """The evaluation prompt's template: eval.template, else the training one (data.template)."""
-    return c.eval.get("template") or c.data.template
-
-
-def benchmarks_from_config(c, workdir: str, tokenizer) -> dict[str, list[Problem]]:
+def benchmark_problems(ev, data, workdir: str, tokenizer) -> dict[str, list[Problem]]:
+    """The problems of `ev.benchmarks` (an `EvalSpec`), at most `ev.num_problems` each (0 = all), each prompt in
+    `ev.template` (with `data.system_prompt`); read from `data`'s TFDS dir and manual dir (a `DataSpec`)."""
     from sage_jax.data import builders
     from sage_jax.data.sources import decode_record
     from sage_jax.data.templates import format_prompt
 
     out = {}
-    data_dir = c.data.data_dir or os.path.join(workdir, "tfds")
-    for spec in [b.strip() for b in c.eval.benchmarks.split(",") if b.strip()]:
+    for spec in ev.benchmarks:
         name, _, split = spec.partition(":")
-        cfg = c.data.builder_config if name == "procedural_arithmetic" else None
-        src = builders.load_split(name, split or "test", data_dir=data_dir, manual_dir=c.data.manual_dir or None,
+        cfg = data.builder_config if name == "procedural_arithmetic" else None
+        src = builders.load_split(name, split or "test", data_dir=data.tfds_dir(workdir), manual_dir=data.manual_dir,
                                   config=cfg)
-        n = len(src) if c.eval.num_problems <= 0 else min(c.eval.num_problems, len(src))
-        template = eval_template(c)
+        n = len(src) if ev.num_problems <= 0 else min(ev.num_problems, len(src))
         probs = []
         for i in range(n):
             r = decode_record(src[i])
-            probs.append(Problem(r["id"], format_prompt(r["problem"], template, tokenizer, c.data.system_prompt),
+            probs.append(Problem(r["id"], format_prompt(r["problem"], ev.template, tokenizer, data.system_prompt),
                                  r["answer"]))
         out[spec] = probs
     return out
@@ -46,17 +41,6 @@ def strategy_fn_for(benchmarks) -> Callable[[str], str | None] | None:
         from sage_jax.data.strategies import strategy_of
         return strategy_of
     return None
-
-
-def settings_from_config(c) -> EvalSettings:
-    """The sampling settings of `eval.*`, the same for in-training evaluation and `mode=eval`. `eval.stop_strings`
-    (its own list: the official evaluation generates until EOS where its training stops at `</SOLUTION>`) is
-    stored with them, so results sampled under other stop strings are never mixed."""
-    stops = list(string_list(c.eval.stop_strings, "eval.stop_strings"))
-    return EvalSettings(n=c.eval.n, temperature=c.eval.temperature, top_p=c.eval.top_p,
-                        max_tokens=c.eval.max_new_tokens, seed=c.seed,
-                        problems_per_batch=max(1, c.eval.batch_size // c.eval.n),
-                        sampler={"stop_strings": stops} if stops else {})
 
 
 def string_list(value, field: str) -> tuple[str, ...]:

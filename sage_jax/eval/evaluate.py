@@ -15,21 +15,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from sage_jax.eval import metrics as em
+from sage_jax.eval.storage import (SCHEMA_VERSION, SettingsMismatchError, callable_name, load_results,
+                                   results_path, save_results)
 from sage_jax.eval.summary import summarize
 from sage_jax.rewards.boxed import extract_boxed_answer, normalize_whitespace
 from sage_jax.sampling import Completion
 
-SCHEMA_VERSION = 1
-RESULTS_FILE = "results.json"
+log = logging.getLogger(__name__)
 
 # Settings that decide what the stored samples are: a rerun must match them exactly.
 # `problems_per_batch` is among them because it decides the seed of each batch.
@@ -70,10 +71,6 @@ AnswerFn = Callable[[str], "str | None"]
 StrategyFn = Callable[[str], "str | None"]
 
 
-class SettingsMismatchError(ValueError):
-    """A rerun asked for settings (or prompts, answers, sources) that differ from the stored ones."""
-
-
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Sampling and statistics settings; the `SAMPLING_KEYS` and `n` are fixed per results dir."""
@@ -112,68 +109,6 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
 
-def _to_json(obj: Any, level: int = 0) -> str:
-    """JSON with one line per dict entry, but scalar-only dicts and all lists inline (compact)."""
-    if isinstance(obj, dict) and obj and any(isinstance(v, dict) for v in obj.values()):
-        pad = " " * (level + 1)
-        items = [f"{pad}{json.dumps(str(k))}: {_to_json(v, level + 1)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + " " * level + "}"
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-
-
-def results_path(workdir: str | os.PathLike) -> Path:
-    return Path(workdir) / "eval" / RESULTS_FILE
-
-
-def load_results(workdir: str | os.PathLike) -> dict | None:
-    """The stored results of `workdir`, or None when there are none yet."""
-    path = results_path(workdir)
-    if not path.exists():
-        return None
-    with open(path) as f:
-        results = json.load(f)
-    if results.get("schema_version") != SCHEMA_VERSION:
-        raise SettingsMismatchError(
-            f"{path} has schema_version {results.get('schema_version')}, this code reads "
-            f"{SCHEMA_VERSION}; evaluate into a new directory"
-        )
-    return results
-
-
-def save_results(results: dict, workdir: str | os.PathLike) -> Path:
-    """Write results.json atomically (a crash mid-write leaves the previous file intact)."""
-    path = results_path(workdir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        f.write(_to_json(results) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def callable_name(fn: Callable) -> str:
-    """`module.qualname` of a function (of the wrapped one for a functools.partial)."""
-    fn = getattr(fn, "func", fn)
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-
-
-# Modules that moved when the package was split by concern. A results.json written before names the same
-# functions under their old modules; reading those names as the new ones lets such a run resume.
-_MOVED = {"sage_jax.rewards.": "sage_jax.rewards.verifiers.", "sage_jax.boxed.": "sage_jax.rewards.boxed.",
-          "sage_jax.eval_metrics.": "sage_jax.eval.metrics."}
-_REWARDS_MODULES = ("verifiers", "pool", "worker", "host", "boxed", "answer_cost")
-
-
-def current_name(name: str | None) -> str | None:
-    """A stored `callable_name` under today's module names."""
-    for old, new in _MOVED.items():
-        if name and name.startswith(old):
-            if old == "sage_jax.rewards." and name[len(old):].split(".", 1)[0] in _REWARDS_MODULES:
-                return name  # already a module of the rewards package
-            return new + name[len(old):]
-    return name
-
-
 def _check_compatible(
     results: dict, settings: EvalSettings, benchmarks: Mapping[str, Sequence[Problem]],
     sources: Mapping[str, str], verifier: Mapping[str, str],
@@ -188,7 +123,7 @@ def _check_compatible(
                 f"{current[key]!r}; results would mix, so evaluate into another directory"
             )
     for key, name in verifier.items():
-        if current_name(results["verifier"].get(key)) != name:
+        if results["verifier"].get(key) != name:
             raise SettingsMismatchError(
                 f"'{key}' differs: results.json was verified by {results['verifier'].get(key)!r}, "
                 f"this run uses {name!r}"

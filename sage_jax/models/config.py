@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any
 
+from sage_jax.errors import UserError
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 # Keys that are read elsewhere or are irrelevant to the forward pass (training-time dropout of 0, init
@@ -32,7 +34,7 @@ _MOE_KEYS = ("num_experts", "num_local_experts", "moe_intermediate_size", "num_e
              "decoder_sparse_step", "shared_expert_intermediate_size")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config.json the decoder cannot represent; the message names the key."""
 
 
@@ -70,6 +72,24 @@ class ModelConfig:
     @property
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def max_positions(self) -> int:
+        """The positions this model was made for, RoPE scaling counted: `max_position_embeddings`, which a
+        llama3-scaled config already states at its extended length (at least original x factor); a linearly
+        scaled rope stretches it by `factor`."""
+        if self.rope_type == "linear":
+            return int(self.max_position_embeddings * self.rope_factor)
+        if self.rope_type == "llama3":
+            return max(self.max_position_embeddings, int(self.rope_original_max_positions * self.rope_factor))
+        return self.max_position_embeddings
+
+    def check_positions(self, tokens: int, what: str) -> None:
+        """Refuses `tokens` positions beyond `max_positions`, naming the fields that add up to them."""
+        if tokens > self.max_positions:
+            scaled = f" (RoPE {self.rope_type} x {self.rope_factor:g})" if self.rope_type != "default" else ""
+            raise ConfigError(f"{what} = {tokens} positions, beyond the model's {self.max_positions}{scaled} "
+                              "(max_position_embeddings of its config.json); shorten them")
 
     # ---------------------------------------------------------------- HF conversion
     @classmethod

@@ -120,7 +120,6 @@ class Attention(nnx.Module):
             out = _decode_attention(qg[:, 0], cache, kv_mask_BxS, cache_index, self.dtype)[:, None]
         else:  # a chunk (prefill, prompt-shared scoring) into the (donated) static-shape BxKxSxDh cache
             cache = {"k": _write(cache["k"], k, cache_index), "v": _write(cache["v"], v, cache_index)}
-            S = cache["k"].shape[2]
             out = _attend_causal(qg, cache["k"].astype(self.dtype), cache["v"].astype(self.dtype), cache_index,
                                  kv_mask_BxS, "bksd", self.dtype, self.q_chunk)
         out = out.reshape(B, T, cfg.num_heads, cfg.head_dim)
@@ -349,7 +348,7 @@ class Decoder(nnx.Module):
         cos, sin = rope_cos_sin(self.cfg, positions_BxT)
         new_cache = [] if cache is not None else None
         # One-token decode steps never remat (no backward pass); a multi-token chunk over a cache may be
-        # trained through (the prompt-shared scoring in sage_jax.rl.logprobs), so it remats like a cache-free call.
+        # trained through (the prompt-shared scoring in sage_jax.policy.logprobs), so it remats like a cache-free call.
         remat = self.remat if remat is None else remat
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat={remat!r} is not one of {tuple(REMAT_POLICIES)}")

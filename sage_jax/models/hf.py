@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sage_jax.errors import UserError
 from sage_jax import sharding as shd
 from sage_jax.models import safetensors_io as st
 from sage_jax.models.config import ConfigError, ModelConfig
@@ -37,7 +38,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 _ARCH = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that does not match the model; the message names the file / key."""
 
 

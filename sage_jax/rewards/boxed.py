@@ -38,24 +38,23 @@ def normalize_whitespace(text: str) -> str:
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
+_BRACE_TOKENS = re.compile(r"\\.|[{}]", re.S)
+
+
 def _brace_pairs(text: str) -> dict[int, int]:
     """Index of each `{` -> index of the `}` that closes it, in one pass (unclosed ones are absent).
 
     A backslash escapes the next character, so `\\{` and `\\}` do not count as braces (as in TeX),
-    while `\\\\{` (a line break, then a brace) does. Linear in the text, so hostile input (thousands
-    of unclosed `\\boxed{`) costs no more than clean input of its length.
+    while `\\\\{` (a line break, then a brace) does. Linear in the text (the regex visits only braces and
+    escapes), so hostile input (thousands of unclosed `\\boxed{`) costs no more than clean input of its length.
     """
-    pairs, stack, i, n = {}, [], 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
+    pairs, stack = {}, []
+    for m in _BRACE_TOKENS.finditer(text):
+        ch = m.group()
         if ch == "{":
-            stack.append(i)
+            stack.append(m.start())
         elif ch == "}" and stack:
-            pairs[stack.pop()] = i
-        i += 1
+            pairs[stack.pop()] = m.start()
     return pairs
 
 
@@ -71,13 +70,8 @@ def _box_content(text: str, pos: int, pairs: dict[int, int]) -> str | None:
     return re.match(r"[^\s$]*", text[pos:pos + 256]).group(0)  # `\boxed 5`: one token, up to `$`
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete `\\boxed{...}` (or `\\fbox{...}`, or the TeX short form `\\boxed 5`),
-    stripped; "" for an empty box; None when there is none.
-
-    Braces are matched by hand because math-verify merges several boxed answers into one set. A last
-    box that never closes (a truncated generation) falls back to the previous complete one.
-    """
+def _last_box(text: str) -> tuple[str, int] | None:
+    """(content, start of its `\\boxed`) of the last complete box, as `last_boxed` reads it; None when none."""
     matches = list(_BOXED_RE.finditer(text))
     if not matches:
         return None
@@ -85,8 +79,42 @@ def last_boxed(text: str) -> str | None:
     for match in reversed(matches):
         content = _box_content(text, match.end(), pairs)
         if content is not None:
-            return content.strip()
+            return content.strip(), match.start()
     return None
+
+
+def has_box(text: str) -> bool:
+    """Whether the text opens a `\\boxed` / `\\fbox` at all (closed or not)."""
+    return _BOXED_RE.search(text) is not None
+
+
+def verifier_text(text: str, max_chars: int) -> str:
+    """What a reward reads of a completion: the whole text when it is at most `max_chars` long; else its last
+    `max_chars` characters, unless that window cuts a box. Then the last complete box, found on the whole
+    text, alone (`\\boxed{...}`), so that it is read whole; or "" when the cut box never closes (the answer
+    cannot be read; without this, a box opened before the window read as an unboxed tail, and
+    `\\boxed{1+1+...+1}` scored correct for the gold 1)."""
+    if len(text) <= max_chars:
+        return text
+    start = len(text) - max_chars
+    box = _last_box(text)
+    if box is not None:
+        content, at = box
+        return text[start:] if at >= start else f"\\boxed{{{content}}}"
+    if has_box(text[:start]):  # an opener before the window that never closes
+        return ""
+    return text[start:]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete `\\boxed{...}` (or `\\fbox{...}`, or the TeX short form `\\boxed 5`),
+    stripped; "" for an empty box; None when there is none.
+
+    Braces are matched by hand because math-verify merges several boxed answers into one set. A last
+    box that never closes (a truncated generation) falls back to the previous complete one.
+    """
+    box = _last_box(text)
+    return None if box is None else box[0]
 
 
 def extract_boxed_answer(completion: str) -> str | None:

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from sage_jax.rewards.boxed import to_text
+from sage_jax.rewards.boxed import to_text, verifier_text
 from sage_jax.rewards.worker import DEFAULT_TIMEOUT_S, MAX_COMPLETION_CHARS, MODES, worker_main
 
 logger = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ class VerifierPool:
                     self._task_seq += 1
                     msg = (
                         self._task_seq,
-                        to_text(completions[idx], MAX_COMPLETION_CHARS),
+                        verifier_text(to_text(completions[idx]), MAX_COMPLETION_CHARS),
                         to_text(answers[idx]),
                         mode,
                     )

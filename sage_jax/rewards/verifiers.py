@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from sage_jax.rewards.boxed import last_boxed, to_text
+from sage_jax.rewards.boxed import last_boxed, to_text, verifier_text
 from sage_jax.rewards.pool import RewardStats, VerifierPool, as_batch, default_pool
 from sage_jax.rewards.worker import DEFAULT_TIMEOUT_S, MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS
 
@@ -85,7 +85,7 @@ def format_reward(
     del answers
     out = np.zeros((len(completions),), np.float32)
     for i, c in enumerate(completions):
-        text = to_text(c, MAX_COMPLETION_CHARS)
+        text = verifier_text(to_text(c), MAX_COMPLETION_CHARS)
         if wrapper == "boxed":
             ok = bool(last_boxed(text))
         elif wrapper == "think":
@@ -121,7 +121,7 @@ def exact_match_reward(completions: Sequence[Any], answers: Sequence[Any]) -> np
     completions, answers = as_batch(completions), as_batch(answers)
     out = np.zeros((len(completions),), np.float32)
     for i, (c, a) in enumerate(zip(completions, answers)):
-        pred = last_boxed(to_text(c, MAX_COMPLETION_CHARS))
+        pred = last_boxed(verifier_text(to_text(c), MAX_COMPLETION_CHARS))
         if pred is None:
             continue
         p, g = _normalize(pred), _normalize(to_text(a))

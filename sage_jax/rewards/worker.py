@@ -10,7 +10,7 @@ import re
 import signal
 
 from sage_jax.rewards.answer_cost import too_costly
-from sage_jax.rewards.boxed import last_boxed
+from sage_jax.rewards.boxed import has_box, last_boxed
 
 # Only the tail of a completion is verified: the final answer sits at the end, and the regexes
 # and parsers downstream are super-linear on pathological megabyte strings.
@@ -96,6 +96,8 @@ def _verify_one(completion: str, gold: str, cache: dict, mode: str = "boxed") ->
             same = "".join(boxed.split()) == "".join(gold.strip().strip("$").split())
             return (1.0 if same else 0.0), "ok" if same else "rejected"
         pred = parse(f"${sci_to_latex(boxed)}$", parsing_timeout=None)
+    elif has_box(completion):  # a box opened that never closes (a cut answer): no answer, never its tail read
+        return 0.0, "no_answer"
     else:
         # No box: math-verify's own extraction ("the answer is ...", last LaTeX / expression).
         tail = completion[-MAX_UNBOXED_CHARS:]

@@ -1,1 +1,1 @@
-"""The fused RL step and what it is made of: rollout, advantages, guides, losses, log-probs, train state, optimizer."""
+"""The fused RL step and what it is made of: rollout, advantages, guides, losses, the update phase."""

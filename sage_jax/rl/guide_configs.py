@@ -41,6 +41,15 @@ def cosine_schedule(
     return lb + (peak - lb) * (1.0 + jnp.cos(math.pi * u)) / 2.0
 
 
+def check_q_range(q_min: float, q_max: float, prefix: str = "") -> None:
+    """0 < q_min <= q_max (log q is taken), for Python numbers (traced bounds are the caller's to check)."""
+    if isinstance(q_min, (int, float)) and isinstance(q_max, (int, float)):
+        if not q_min > 0:
+            raise ValueError(f"{prefix}q_min must be > 0 (log q is taken), got {q_min}")
+        if not q_min <= q_max:
+            raise ValueError(f"{prefix}q_min={q_min} must be <= {prefix}q_max={q_max}")
+
+
 def _check_choice(cls_name: str, field: str, value: Any, choices: tuple) -> None:
     if value not in choices:
         raise ValueError(f"{cls_name}.{field}={value!r} is not one of {choices}")
@@ -57,10 +66,7 @@ class GuideConfig:
     def __post_init__(self) -> None:
         name = type(self).__name__
         _check_choice(name, "source", self.source, SOURCES)
-        if not self.q_min > 0:
-            raise ValueError(f"{name}.q_min must be > 0 (log q is taken), got {self.q_min}")
-        if self.q_min > self.q_max:
-            raise ValueError(f"{name}.q_min={self.q_min} must be <= {name}.q_max={self.q_max}")
+        check_q_range(self.q_min, self.q_max, f"{name}.")
 
 
 @dataclasses.dataclass(frozen=True)

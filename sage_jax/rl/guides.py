@@ -65,7 +65,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from sage_jax.rl.guide_configs import BranchConfig, GuideConfig, NoneGuideConfig, RandomConfig, TokenConfig
+from sage_jax.rl.guide_configs import (BranchConfig, GuideConfig, NoneGuideConfig, RandomConfig, TokenConfig,
+                                       check_q_range)
 from sage_jax.rl.guide_norm import float_dtype, normalize_per_sequence
 
 Array = jax.Array
@@ -84,15 +85,6 @@ def _finalize_q(q_BxT: Array, mask_BxT: Array, q_min: float, q_max: float) -> Ar
     return jax.lax.stop_gradient(q_BxT)
 
 
-def _check_range(q_min: float, q_max: float) -> None:
-    # Only checkable for Python numbers; traced bounds are the caller's responsibility.
-    if isinstance(q_min, (int, float)) and isinstance(q_max, (int, float)):
-        if not q_min > 0:
-            raise ValueError(f"q_min must be > 0 (log q is taken), got q_min={q_min}")
-        if q_min > q_max:
-            raise ValueError(f"q_min must be <= q_max, got q_min={q_min} > q_max={q_max}")
-
-
 # ---------------------------------------------------------------------------------------------
 # The public guide functions (docs/design.md §6 interface).
 # ---------------------------------------------------------------------------------------------
@@ -101,16 +93,16 @@ def _check_range(q_min: float, q_max: float) -> None:
 def branch_q(
     entropy: Array,
     mask: Array,
-    ratio: float = 0.3,
-    threshold: float = 1.2,
-    q_min: float = 0.6,
-    q_max: float = 1.4,
+    ratio: float = BranchConfig.ratio,
+    threshold: float = BranchConfig.threshold,
+    q_min: float = GuideConfig.q_min,
+    q_max: float = GuideConfig.q_max,
 ) -> Array:
     """Branch guide: ``q = clip(1 + ratio * relu(H - threshold), q_min, q_max)``, [B, T].
 
     ``entropy`` in nats; ``ratio`` in q per nat above ``threshold`` (nats).
     """
-    _check_range(q_min, q_max)
+    check_q_range(q_min, q_max)
     dtype = float_dtype(entropy)
     m = mask.astype(bool)
     h = jax.lax.stop_gradient(jnp.where(m, entropy.astype(dtype), jnp.zeros((), dtype)))
@@ -124,16 +116,16 @@ def token_q(
     key: Array,
     alpha: float | Array,
     sigma: float | Array,
-    norm: str = "minmax",
-    q_min: float = 0.6,
-    q_max: float = 1.4,
+    norm: str = TokenConfig.norm,
+    q_min: float = GuideConfig.q_min,
+    q_max: float = GuideConfig.q_max,
 ) -> Array:
     """Token guide: ``q = clip(1 + alpha w + sigma w eps, q_min, q_max)``, [B, T].
 
     ``w`` is the per-sequence normalised surprisal (``norm`` in minmax / rank / zscore);
     ``eps = jax.random.normal(key, (B, T))``. ``alpha``, ``sigma`` may be traced (schedules).
     """
-    _check_range(q_min, q_max)
+    check_q_range(q_min, q_max)
     dtype = float_dtype(surprisal)
     m = mask.astype(bool)
     s = jax.lax.stop_gradient(surprisal.astype(dtype))
@@ -148,8 +140,8 @@ def random_q(
     key: Array,
     eps: float | Array,
     sigma: float | Array,
-    q_min: float = 0.6,
-    q_max: float = 1.4,
+    q_min: float = GuideConfig.q_min,
+    q_max: float = GuideConfig.q_max,
     dtype: Any = jnp.float32,
 ) -> Array:
     """Random guide: with probability ``eps`` per token ``q = clip(1 + sigma z)``, else 1; [B, T].
@@ -157,7 +149,7 @@ def random_q(
     ``k_gate, k_noise = jax.random.split(key)``; gate ``uniform(k_gate) < eps``,
     ``z = normal(k_noise)``.
     """
-    _check_range(q_min, q_max)
+    check_q_range(q_min, q_max)
     m = mask.astype(bool)
     k_gate, k_noise = jax.random.split(key)
     u = jax.random.uniform(k_gate, m.shape, dtype=dtype)
@@ -295,24 +287,39 @@ def _random_guide(cfg: RandomConfig, inputs: GuideInputs) -> Array:
                     cfg.q_max, dtype=dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class Guide:
+    """A registered guide with its config: the one object the RL step carries (hashable, a static jit argument).
+    Built by `make_guide`, which reads the registry once."""
+    name: str
+    cfg: GuideConfig
+    fn: GuideFn = dataclasses.field(repr=False, compare=False)
+
+    def log_q(self, inputs: GuideInputs) -> tuple[Array, Array]:
+        """``(log_q_BxT, q_BxT)``: clamped to ``[cfg.q_min, cfg.q_max]``, q = 1 on padding, no gradient."""
+        q = self.fn(self.cfg, inputs)
+        q = _finalize_q(jnp.asarray(q), inputs.mask_BxT, self.cfg.q_min, self.cfg.q_max)
+        return jnp.log(q), q
+
+
+def make_guide(name: str, cfg: GuideConfig | None = None, **fields: Any) -> Guide:
+    """The guide ``name`` with ``cfg`` (or its config built from ``fields``, unknown ones named in the error)."""
+    spec = get_guide(name)
+    if cfg is None:
+        cfg = make_guide_config(name, **fields)
+    elif fields:
+        raise ValueError(f"make_guide({name!r}): give cfg or fields, not both")
+    if not isinstance(cfg, spec.config_cls):
+        raise TypeError(f"guide {name!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}")
+    return Guide(name, cfg, spec.fn)
+
+
 def compute_log_q(
     name: str, cfg: GuideConfig | None, inputs: GuideInputs
 ) -> tuple[Array, Array]:
-    """``(log_q_BxT, q_BxT)`` of guide ``name`` (cfg None -> that guide's defaults).
-
-    Clamps to ``[cfg.q_min, cfg.q_max]``, forces q = 1 on padding, stops the gradient.
-    Trace-time errors name the missing input or the wrong config type.
-    """
-    spec = get_guide(name)
-    if cfg is None:
-        cfg = spec.config_cls()
-    if not isinstance(cfg, spec.config_cls):
-        raise TypeError(
-            f"guide {name!r} expects a {spec.config_cls.__name__}, got {type(cfg).__name__}"
-        )
-    q = spec.fn(cfg, inputs)
-    q = _finalize_q(jnp.asarray(q), inputs.mask_BxT, cfg.q_min, cfg.q_max)
-    return jnp.log(q), q
+    """``(log_q_BxT, q_BxT)`` of guide ``name`` (cfg None -> that guide's defaults): `make_guide(name, cfg)`'s
+    `log_q`. Trace-time errors name the missing input or the wrong config type."""
+    return make_guide(name, cfg).log_q(inputs)
 
 
 def guide_metrics(q_BxT: Array, mask_BxT: Array) -> dict[str, Array]:

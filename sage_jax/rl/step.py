@@ -29,18 +29,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from sage_jax import sharding as shd
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
 from sage_jax.rl.rollout import Rollout, rollout
-from sage_jax.rl.state import TrainState, merge_policy, reference_params
+from sage_jax.policy.state import TrainState, merge_policy, reference_params
 from sage_jax.rl.update import UPDATE_SHUFFLES, Scores, reduce_metrics, update_scan
 from sage_jax.sampling import SamplingConfig
 
@@ -52,13 +50,13 @@ class RLConfig:
     group_size: int = 8  # G completions per prompt
     sampling: SamplingConfig = SamplingConfig()
     loss: losses.LossConfig = losses.LossConfig()
-    guide: str = "branch"  # a registered guide name (sage_jax.rl.guides); "none" = plain GRPO + KL
-    guide_cfg: Any = None  # that guide's config dataclass; None = its defaults
+    # the guide with its config (guides.make_guide); a registered name gives its defaults; "none" = GRPO + KL
+    guide: guides.Guide | str = "branch"
     scale_rewards: str = "group"  # group | batch | none
     num_iterations: int = 1  # updates per rollout over the same samples (PPO epochs)
     num_minibatches: int = 1  # M, rows split into M sequential updates per iteration
     grad_accum_steps: int = 1  # micro-batches per update, gradients summed into ONE optimizer update
-    max_steps: int = 1000  # optimizer steps of the run (guide schedules)
+    max_steps: int = 100  # optimizer updates of the run: the guide schedules' horizon
     logp_chunk: int = 256  # sequence chunk of the log-prob / entropy pass, tokens
     remat: str | None = None  # training-forward remat per block: none | full | dots; None = the model's own
     # Each prompt's forward pass once per group, its keys / values shared by the G rows: in the rollout's
@@ -85,10 +83,15 @@ class RLConfig:
     # of whole groups) | rows (a permutation of the rows: TRL 0.23's shuffle; the training forward then repeats
     # the prompts). Drawn once per rollout.
     update_shuffle: str = "none"
+    # A non-finite loss or gradient in an update: skip that update (parameters, optimizer state and step kept) and
+    # count it in train/nonfinite; False only counts it (the training loop then stops the run at that step).
+    skip_nonfinite: bool = False
 
     def __post_init__(self):
         """The rules on the step's settings, in one place, each naming the config field that sets it
         (`config_lib.rl_config` builds this and reports a failure as a config error)."""
+        if isinstance(self.guide, str):  # a name: that guide with its defaults
+            object.__setattr__(self, "guide", guides.make_guide(self.guide))
         if self.group_size < 2:
             raise ValueError(f"rollout.group_size={self.group_size}: group advantages need >= 2")
         if self.scale_rewards not in ("group", "batch", "none"):
@@ -97,7 +100,6 @@ class RLConfig:
             raise ValueError("rl.num_iterations and rl.num_minibatches must be >= 1")
         if self.grad_accum_steps < 1:
             raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
-        guides.get_guide(self.guide)  # unknown name -> error listing the registered guides
         if self.score_chunks < 1:
             raise ValueError(f"rl.score_chunks must be >= 1, got {self.score_chunks}")
         if not 0 <= self.pass_at_k <= self.group_size:
@@ -111,8 +113,8 @@ class RLConfig:
             raise ValueError(f"rl.dapo_normalizer={self.dapo_normalizer!r} is not one of generation, window")
         if self.remat not in (None, "none", "full", "dots"):
             raise ValueError(f"model.remat={self.remat!r} is not one of none, full, dots")
-        if self.loss.beta == 0 and self.guide != "none":
-            raise ValueError(f"sage.guide={self.guide!r} with rl.beta=0: a guide reshapes the KL anchor, which does "
+        if self.loss.beta == 0 and self.guide.name != "none":
+            raise ValueError(f"sage.guide={self.guide.name!r} with rl.beta=0: a guide reshapes the KL anchor, which does "
                              "not exist without a KL term; set sage.guide='none' or rl.beta > 0")
         if self.update_shuffle not in UPDATE_SHUFFLES:
             raise ValueError(f"rl.update_shuffle={self.update_shuffle!r} is not one of {UPDATE_SHUFFLES}")
@@ -120,8 +122,8 @@ class RLConfig:
             raise ValueError(f"rl.pass_at_k={self.pass_at_k} with rl.overlong_buffer={self.overlong_buffer}: the pass@k "
                              "advantage reads the verifier's 0/1 rewards, so the length penalty would have no effect; "
                              "set one of them to 0")
-        if self.loss.kl_mode == "forward" and self.guide != "none":
-            raise ValueError(f"sage.guide={self.guide!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref "
+        if self.loss.kl_mode == "forward" and self.guide.name != "none":
+            raise ValueError(f"sage.guide={self.guide.name!r} with rl.kl_mode='forward': the forward KL is taken to pi_ref "
                              "itself and a guide would be ignored; set sage.guide='none' or rl.kl_mode='reverse'")
 
     def check_batch(self, num_prompts: int) -> None:
@@ -142,9 +144,25 @@ class RLConfig:
         if (B // M) % J:
             raise ValueError(f"{B // M} rows per minibatch not divisible by rl.grad_accum_steps={J}")
 
+    def with_tokenizer(self, eos_ids, pad_id: int, stop=None) -> "RLConfig":
+        """This config with the sampler's stop ids, pad id and compiled stop strings, which come with the
+        tokenizer (a config is resolved and checked before any tokenizer loads)."""
+        return dataclasses.replace(self, sampling=dataclasses.replace(self.sampling, eos_ids=tuple(eos_ids),
+                                                                      pad_id=int(pad_id), stop=stop))
+
     @property
     def needs_ref(self) -> bool:
+        """A KL term exists (beta > 0): the reference is kept (its copy, or under LoRA the base)."""
         return self.loss.beta > 0
+
+    @property
+    def reference_pass(self) -> bool:
+        """The no-gradient reference pass runs: reverse KL (the forward KL scores the reference in the loss)."""
+        return self.needs_ref and self.loss.kl_mode == "reverse"
+
+    @property
+    def forward_kl(self) -> bool:
+        return self.needs_ref and self.loss.kl_mode == "forward"
 
     @property
     def multi_update(self) -> bool:
@@ -235,7 +253,7 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 
     ref_logp = ref_ent = None
-    if cfg.needs_ref and cfg.loss.kl_mode == "reverse":
+    if cfg.reference_pass:
         ref_logp, ref_ent = score(reference_params(state))
     old_logp = score(jax.lax.stop_gradient(state.params))[0] if cfg.multi_update else None
     return Scores(ref_logp, ref_ent, old_logp)

@@ -31,8 +31,9 @@ import optax
 from sage_jax import sharding as shd
 from sage_jax.models import lora as lora_lib
 from sage_jax.rl import guides, losses
-from sage_jax.rl.logprobs import grouped_logp_entropy, sequence_forward_kl, sequence_logp_entropy
-from sage_jax.rl.state import reference_params
+from sage_jax.rl.forward_kl import sequence_forward_kl
+from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.state import reference_params
 
 Array = jax.Array
 UPDATE_SHUFFLES = ("none", "groups", "rows")
@@ -76,6 +77,7 @@ METRIC_REDUCTION = {
     "logp_diff_mean": (jnp.mean, _first, "train"),
     "logp_diff_max": (jnp.max, _first, "train"),
     "grad_norm": (None, jnp.mean, "train"),  # once per update
+    "nonfinite": (None, jnp.max, "train"),  # 1 when the loss or the gradient of an update was NaN / inf
     "lr": (None, _last, "train"),
     "q_mean": (jnp.mean, jnp.mean, "sage"),
     "q_min": (jnp.min, jnp.min, "sage"),
@@ -140,7 +142,7 @@ def update_scan(state, ro, scores: Scores, merge, cfg, tx, lr_fn, key) -> tuple[
     # dapo / cispo's normaliser: the whole generation batch's loss tokens for each of the M updates (TRL 0.23,
     # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
     dapo_tokens = lmask.sum() if cfg.dapo_normalizer == "generation" else lmask.sum() / M
-    forward_kl = cfg.needs_ref and cfg.loss.kl_mode == "forward"
+    forward_kl = cfg.forward_kl
     ref_params = reference_params(state) if forward_kl else None
     entropy_grad = cfg.loss.entropy_coef > 0
 
@@ -175,7 +177,7 @@ def update_scan(state, ro, scores: Scores, merge, cfg, tx, lr_fn, key) -> tuple[
         inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=jax.lax.stop_gradient(ent), logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=sc.ref_logp_BxT, ref_entropy_BxT=sc.ref_entropy_BxT)
-        log_q, q = guides.compute_log_q(cfg.guide, cfg.guide_cfg, inputs)
+        log_q, q = cfg.guide.log_q(inputs)
         fkl = (sequence_forward_kl(model, merge(ref_params), take(tokens, i), take(fmask, i), P, cfg.logp_chunk, temp,
                                    remat=cfg.remat) if forward_kl else None)
         loss, m = losses.policy_loss(logp, sc.old_logp_BxT, sc.ref_logp_BxT, log_q, take(rw.adv_B, i), lm, cfg.loss,
@@ -216,8 +218,13 @@ def update_scan(state, ro, scores: Scores, merge, cfg, tx, lr_fn, key) -> tuple[
             m = reduce_micro_batches(ms_j, take(lmask, i, rows * J).reshape(J, rows, -1).sum((1, 2)))
         m["grad_norm"] = optax.tree.norm(grads)
         m["lr"] = lr_fn(step)
-        upd, opt_state = tx.update(grads, opt_state, params)
-        return (optax.apply_updates(params, upd), opt_state, step + 1), m
+        finite = jnp.isfinite(m["grad_norm"]) & jnp.isfinite(m["loss"])
+        m["nonfinite"] = jnp.logical_not(finite).astype(jnp.float32)
+        upd, new_opt = tx.update(grads, opt_state, params)
+        new = (optax.apply_updates(params, upd), new_opt, step + 1)
+        if cfg.skip_nonfinite:  # keep what was there: no NaN reaches the parameters or Adam's moments
+            new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (params, opt_state, step))
+        return new, m
 
     def update(carry, u):
         has_tokens = take(lmask, u % M, rows * J).any()

@@ -1,8 +1,10 @@
 """Orbax checkpoints: one tree per step holding everything a resume needs.
 
-Layout under `DIR/checkpoints/<step>/`: `state` (params, optimizer state, step, RNG key data; the guide
-schedule is a function of the step) and `meta` (JSON: data-iterator state, config hash, metrics line
-count). The frozen reference is not saved: it is the model at `config.model.path` and is reloaded.
+Layout under `DIR/checkpoints/<step>/`, `<step>` the training step (an RL step or an SFT step): `state` (params,
+optimizer state, the optimizer-update count that drives the lr and guide schedules, RNG key data) and `meta`
+(JSON: the training step, data-iterator state, the LoRA base). An update skipped for want of a loss token does
+not count, so the training step is the checkpoint's key and the resume position, not the update count.
+`DIR/run_config.json` records the run's config: a rerun must share `RESUME_KEYS` with it. The frozen reference is not saved: it is the model at `config.model.path` and is reloaded.
 Under LoRA `params` are the adapters only (the base is frozen and never saved); `meta` then names the
 base (`base_model`, `lora`), and the loop refuses to resume onto a different one.
 
@@ -15,6 +17,7 @@ for them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any
@@ -23,8 +26,10 @@ import jax
 import orbax.checkpoint as ocp
 
 from sage_jax import config_lib
+from sage_jax.errors import UserError
 
 log = logging.getLogger(__name__)
+RUN_CONFIG = "run_config.json"  # the config of the run whose checkpoints a run dir holds
 
 
 def _to_saveable(state) -> dict[str, Any]:
@@ -33,7 +38,7 @@ def _to_saveable(state) -> dict[str, Any]:
     return tree
 
 
-class RestoreError(RuntimeError):
+class RestoreError(UserError, RuntimeError):
     """Checkpoints exist but none restores: damaged, or written by another config."""
 
 
@@ -48,7 +53,8 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def save(self, state, meta: dict, force: bool = True) -> None:
-        step = int(jax.device_get(state.step))
+        """Saves `state` as checkpoint `meta["step"]` (the training step; a step saved already is skipped)."""
+        step = int(meta["step"])
         if step in self.manager.all_steps():
             return
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(_to_saveable(state)),
@@ -131,13 +137,12 @@ class Checkpointer:
             self.manager.close()
 
 
-def base_pointer(c) -> dict:
-    """What a checkpoint records about the weights it does not hold: under LoRA it holds only the adapters
-    (and their optimizer state), so it names the base they were trained on."""
-    lora_cfg = config_lib.lora_config(c)
-    if lora_cfg is None:
+def base_pointer(model) -> dict:
+    """What a checkpoint records about the weights it does not hold (`model`: the run's `ModelSpec`): under LoRA
+    it holds only the adapters (and their optimizer state), so it names the base they were trained on."""
+    if model.lora is None:
         return {}
-    return {"base_model": c.model.path, "lora": dataclasses.asdict(lora_cfg)}
+    return {"base_model": model.path, "lora": dataclasses.asdict(model.lora)}
 
 
 def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
@@ -149,3 +154,49 @@ def check_base_pointer(meta: dict, base: dict, directory: str) -> None:
             f"checkpoints in {directory} were written with base_model={saved['base_model']!r}, "
             f"lora={saved['lora']} but the config has model.path={want['base_model'] or '(full fine-tuning)'!r}, "
             f"lora={want['lora']}; use another --workdir or the original model.path / model.lora")
+
+
+# What a resume must share with the run that wrote the checkpoints. Everything else may change between
+# attempts: max_steps, logging, checkpointing, evaluation, the mesh, and knobs of speed and memory alone.
+RESUME_KEYS = ("mode", "seed", "model.path", "model.dtype", "model.param_dtype", "model.lora", "data.name",
+               "data.builder_config", "data.train_split", "data.template", "data.system_prompt", "data.batch_size",
+               "data.max_train_problems", "rollout", "rl", "sage", "optim")
+RESUME_FREE = ("rollout.decode_segments", "rl.grad_accum_steps", "rl.logp_chunk", "rl.share_prompt")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_config(workdir: str, config_json: str) -> None:
+    """Refuses to resume checkpoints written under another run config (RESUME_KEYS), naming the fields:
+    a changed model, task or recipe in the same workdir would otherwise mix two histories. A field one of the
+    two configs lacks (added or removed since) is not compared."""
+    path = os.path.join(workdir, RUN_CONFIG)
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        old = _flat(json.load(f))
+    new = _flat(json.loads(config_json))
+    diffs = [k for k in sorted(set(old) & set(new))
+             if any(k == p or k.startswith(p + ".") for p in RESUME_KEYS)
+             and not any(k == p or k.startswith(p + ".") for p in RESUME_FREE) and old[k] != new[k]]
+    if diffs:
+        shown = "; ".join(f"{k}={old[k]!r} there, {new[k]!r} now" for k in diffs[:3])
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise config_lib.ConfigValidationError(
+            f"{workdir} holds checkpoints of another run config: {shown}{more}; use another --workdir, or the "
+            "original values to resume")
+
+
+def write_run_config(workdir: str, config_json: str) -> None:
+    """What `mode=eval` needs to rebuild this run's model from its checkpoints (written once the checkpoints are
+    known to belong to this config: a refused resume leaves the run dir as it was)."""
+    with open(os.path.join(workdir, RUN_CONFIG), "w") as f:
+        f.write(config_json)

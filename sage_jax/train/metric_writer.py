@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from sage_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -112,5 +114,5 @@ def read_metrics(workdir: str) -> list[dict]:
     return rows
 
 
-class MetricsFileError(ValueError):
+class MetricsFileError(UserError, ValueError):
     """metrics.jsonl holds a line that is not a metrics row (not a write cut short by a kill)."""

@@ -20,8 +20,8 @@ import numpy as np
 import optax
 
 from sage_jax.models.decoder import positions_from_mask
-from sage_jax.rl.logprobs import token_logp_entropy
-from sage_jax.rl.state import merge_policy
+from sage_jax.policy.logprobs import token_logp_entropy
+from sage_jax.policy.state import merge_policy
 
 
 def sft_lengths(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
@@ -67,15 +67,22 @@ def sft_loss(params, graphdef, batch, chunk: int = 256, frozen_params=None):
                   "train/tokens": lm.sum()}
 
 
-def sft_step(state, batch, *, graphdef, tx, lr_fn, chunk=256):
+def sft_step(state, batch, *, graphdef, tx, lr_fn, chunk=256, skip_nonfinite=False):
+    """One SFT update. A non-finite loss or gradient is counted in train/nonfinite; with `skip_nonfinite` the
+    update is then skipped (the state kept), else it is applied and the training loop stops the run."""
     (_, metrics), grads = jax.value_and_grad(sft_loss, has_aux=True)(state.params, graphdef, batch, chunk,
                                                                     state.frozen_params)
     metrics["train/grad_norm"] = optax.tree.norm(grads)
     metrics["train/lr"] = lr_fn(state.step)
+    finite = jnp.isfinite(metrics["train/grad_norm"]) & jnp.isfinite(metrics["train/loss"])
+    metrics["train/nonfinite"] = jnp.logical_not(finite).astype(jnp.float32)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         opt_state=opt_state), metrics
+    new = (state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+    if skip_nonfinite:
+        new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (state.step, state.params, state.opt_state))
+    return state.replace(step=new[0], params=new[1], opt_state=new[2]), metrics
 
 
-def make_sft_step(graphdef, tx, lr_fn, chunk: int = 256):
-    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx, lr_fn=lr_fn, chunk=chunk), donate_argnums=0)
+def make_sft_step(graphdef, tx, lr_fn, chunk: int = 256, skip_nonfinite: bool = False):
+    return jax.jit(functools.partial(sft_step, graphdef=graphdef, tx=tx, lr_fn=lr_fn, chunk=chunk,
+                                     skip_nonfinite=skip_nonfinite), donate_argnums=0)

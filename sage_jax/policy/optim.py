@@ -12,6 +12,7 @@ ratio with a constant schedule).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import optax
@@ -34,8 +35,14 @@ class OptimConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"optim.schedule={self.schedule!r} is not one of {SCHEDULES}")
-        if self.learning_rate < 0:
+        for f in ("learning_rate", "weight_decay", "b1", "b2", "eps", "grad_clip_norm"):
+            v = getattr(self, f)
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"optim.{f}={v} must be a finite number")
+        if not self.learning_rate >= 0:
             raise ValueError(f"optim.learning_rate must be >= 0, got {self.learning_rate}")
+        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+            raise ValueError(f"optim.grad_clip_norm must be > 0 (or None = off), got {self.grad_clip_norm}")
         if self.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
 
