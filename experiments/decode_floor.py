@@ -24,10 +24,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)  # the repo root: studies import each other as experiments.<study>
 
-from memory_plan import MODELS  # noqa: E402
+from experiments.memory_plan import MODELS  # noqa: E402
 
 P, T, G, SEGMENTS = 512, 3072, 8, 4
 # bytes/s and bf16 FLOP/s (dense) per chip, from the vendors' data sheets

@@ -22,10 +22,9 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: studies import each other as experiments.<study>
 
-import decode_floor  # noqa: E402
+from experiments import decode_floor  # noqa: E402
 
 _DT = {"bf16": 2, "f32": 4, "s32": 4, "pred": 1, "u32": 4, "s8": 1, "u8": 1}
 

@@ -278,8 +278,8 @@ def lora_state_section(rows: list[dict]) -> str:
     """Held state per device, full fine-tuning vs LoRA, from `gpu_estimates`' parameter counts
     (which tests/test_lora.py checks against the bytes of a real train state). The full-FT column is
     set beside the compiled 'state' of the table above: their agreement checks the counts at 7B scale."""
-    sys.path.insert(0, os.path.join(ROOT, "notebooks"))  # the estimates live beside the notebooks
-    import gpu_estimates as ge
+    sys.path.insert(0, ROOT)  # the estimates live beside the notebooks, which use them too
+    from notebooks import gpu_estimates as ge
 
     head = (f"| model | devices | mesh | full FT state GiB/dev (compiled) | full FT (counted) | "
             f"LoRA r={LORA_RANK} state GiB/dev (counted) | LoRA trainable params |\n|" + "---|" * 7 + "\n")

@@ -49,6 +49,7 @@ DATA_DIR = "runs/tfds"
 
 SMOKE_MODELS = r"""
 from sage_jax.defaults import TINY_BASE, default_config
+from sage_jax.models import hf
 
 if SMOKE:  # the shipped tiny model against the quickstart's run (or a 3-step LoRA run made here)
     from sage_jax.train import loop as train
@@ -67,9 +68,8 @@ if SMOKE:  # the shipped tiny model against the quickstart's run (or a 3-step Lo
         MODELS["sage_hf"] = os.path.join(run, "export_hf")
     BENCHMARKS, NUM_PROBLEMS, N, MAX_NEW_TOKENS, TEMPERATURE, TOP_P, BATCH_ROWS = (
         "procedural_arithmetic:test", 8, 4, 48, 1.0, 1.0, 32)
-hub_id = lambda p: p.count("/") == 1 and not p.startswith((".", "/", "runs/"))
 for name, path in list(MODELS.items()):
-    if not os.path.exists(path) and not hub_id(path):
+    if not os.path.exists(path) and not hf.is_hub_id(path):  # the one rule the package decides hub ids by
         print(f"skipping {name}: {path} does not exist (run quickstart_sage.ipynb first?)")
         del MODELS[name]
         continue

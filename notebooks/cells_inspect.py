@@ -20,8 +20,6 @@ COLOR_BY = "q_branch"  # signal that colours the text: q_branch, q_token, q_rand
 """
 
 LOAD = r"""
-import json
-
 from sage_jax.train import eval_mode
 from sage_jax.defaults import TINY_BASE
 from sage_jax.data.templates import format_prompt
@@ -45,8 +43,7 @@ GUIDES = {"branch": None, "token": None, "random": None}  # None: each guide's r
 SCHEDULE_STEPS = 100  # length of the run the token / random schedules assume
 if eval_mode.is_run_dir(POLICY):  # the run's own settings for the guide it trained with
     from sage_jax import config_lib
-    import ml_collections
-    rc = ml_collections.ConfigDict(json.load(open(os.path.join(POLICY, "run_config.json"))))
+    rc = eval_mode.run_config(POLICY)
     if rc.sage.guide in GUIDES:
         GUIDES[rc.sage.guide] = config_lib.guide_config(rc)
     SCHEDULE_STEPS = rc.max_steps

@@ -125,13 +125,12 @@ def plot_support(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> 
 
 # ------------------------------------------------------------------------------------------ guides
 def stop_and_pad(tokenizer, model_path: str) -> tuple[tuple[int, ...], int]:
-    """(stop ids, pad id) for sampling `model_path` with `tokenizer`, as training and evaluation use."""
+    """(stop ids, pad id) for sampling `model_path` with `tokenizer`: `hf.sampling_ids`, what training and
+    evaluation use."""
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.models.hf import stop_ids
     mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(model_path))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (mcfg.pad_token_id or 0)
-    return stop_ids(tokenizer, mcfg), int(pad)
+    return hf.sampling_ids(tokenizer, mcfg)
 
 
 def token_signals(policy, reference, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,

@@ -12,12 +12,20 @@ from __future__ import annotations
 import math
 import os
 
+from sage_jax import sharding
+from sage_jax.data.builders import BUILDERS
+from sage_jax.data.templates import format_prompt
 from sage_jax.errors import ConfigValidationError
+from sage_jax.eval.benchmarks import string_list
+from sage_jax.eval.evaluate import EvalSettings
+from sage_jax.models.hf import is_hub_id
+from sage_jax.models.lora import LoRAConfig
 from sage_jax.policy.optim import OptimConfig
 from sage_jax.rl import guides, losses
 from sage_jax.rl.step import RLConfig
 from sage_jax.sampling import SamplingConfig
 from sage_jax.spec import CheckpointSpec, DataSpec, EvalSpec, LoggingSpec, ModelSpec, RunSpec
+from sage_jax.stop_strings import StopStrings
 
 MODES = ("rl", "sft", "eval")
 
@@ -41,7 +49,6 @@ def lora_param_dtype(c):
 
 def lora_config(c):
     """The LoRAConfig of `model.lora`, or None when `model.lora.rank == 0` (full fine-tuning)."""
-    from sage_jax.models.lora import LoRAConfig
     lc = c.model.lora
     if not lc.rank:
         return None
@@ -72,7 +79,6 @@ def guide_config(c):
 
 
 def _stop_string_list(c) -> tuple[str, ...]:
-    from sage_jax.eval.benchmarks import string_list
     try:
         return string_list(c.rollout.stop_strings, "rollout.stop_strings")
     except ValueError as e:
@@ -91,7 +97,6 @@ def compile_stop_strings(strings, tokenizer, vocab_size: int, max_new_tokens: in
     never fire."""
     if not strings:
         return None
-    from sage_jax.stop_strings import StopStrings
     stop = StopStrings.for_tokenizer(tuple(strings), tokenizer, vocab_size)
     try:
         stop.check_reachable(max_new_tokens, field)
@@ -185,12 +190,10 @@ def validate_eval(c) -> None:
         raise ConfigValidationError(f"eval.top_p={e.top_p} must be in (0, 1]")
     if c.eval_every < 0:
         raise ConfigValidationError(f"eval_every={c.eval_every} must be >= 0")
-    from sage_jax.eval.benchmarks import string_list
     try:
         string_list(e.stop_strings, "eval.stop_strings")
     except ValueError as err:
         raise ConfigValidationError(str(err)) from None
-    from sage_jax.data.templates import format_prompt
     for field, t in (("data.template", c.data.template), ("eval.template", e.template)):
         try:
             if t:
@@ -218,8 +221,6 @@ def eval_settings(c):
     """The sampling settings of `eval.*`, the same for in-training evaluation and `mode=eval`. `eval.stop_strings`
     (its own list: the official evaluation generates until EOS where its training stops at `</SOLUTION>`) is
     stored with them, so results sampled under other stop strings are never mixed."""
-    from sage_jax.eval.benchmarks import string_list
-    from sage_jax.eval.evaluate import EvalSettings
     e = c.eval
     stops = list(string_list(e.stop_strings, "eval.stop_strings"))
     return EvalSettings(n=e.n, temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_new_tokens, seed=c.seed,
@@ -256,7 +257,6 @@ def validate(c, num_devices: int | None = None) -> None:
         raise ConfigValidationError(f"checkpoint_every={c.checkpoint_every} must be >= 0")
     if not c.model.path:
         raise ConfigValidationError("model.path is empty: give an HF directory (or a hub id when online)")
-    from sage_jax.models.hf import is_hub_id
     if not os.path.isdir(c.model.path) and not is_hub_id(c.model.path):
         raise ConfigValidationError(f"model.path={c.model.path!r}: no such directory (and not a hub id 'org/name')")
     model_dtypes(c)
@@ -273,7 +273,6 @@ def validate(c, num_devices: int | None = None) -> None:
     lora_param_dtype(c)
     if c.data.batch_size < 1:
         raise ConfigValidationError(f"data.batch_size={c.data.batch_size} must be >= 1")
-    from sage_jax.data.builders import BUILDERS
     names = [c.data.name] + [b.strip().partition(":")[0] for b in c.eval.benchmarks.split(",") if b.strip()]
     fields = ["data.name"] + ["eval.benchmarks"] * (len(names) - 1)
     for field, name in zip(fields, names):
@@ -292,7 +291,6 @@ def validate(c, num_devices: int | None = None) -> None:
 def _validate_mesh(c, num_devices: int | None) -> None:
     """mesh.shape fits the devices (`sharding.resolve_shape`), and the step's and the sampler's rows divide over
     its batch shards (`sharding.check_rows`)."""
-    from sage_jax import sharding
     shape = tuple(c.mesh.shape)
     try:
         resolved = sharding.resolve_shape(shape, num_devices if num_devices is not None else _known_devices(shape))

@@ -241,18 +241,15 @@ class TextSampler:
         self.tokenizer, self.cfg, self.batch_size = tokenizer, cfg, batch_size
         self.chat_template = chat_template
         if mesh is not None:
-            from sage_jax import sharding as shd
             mesh = shd.as_auto(mesh)
         self.mesh = mesh  # rows split over the mesh's batch axes (params keep the shardings they carry)
         if mesh is not None:
-            from sage_jax import sharding as shd
             shd.check_rows(batch_size, mesh, "eval.batch_size (sampler rows)")
         self._fn = make_generate_fn(self.graphdef, cfg)
 
     def _place(self, x: np.ndarray):
         if self.mesh is None:
             return x
-        from sage_jax import sharding as shd
         return jax.device_put(x, shd.batch_sharding(self.mesh, x.ndim))
 
     def encode(self, prompt: str) -> list[int]:

@@ -72,7 +72,6 @@ def test_chunks_hold_fewer_score_bytes():
     B, T, C = 2, 256, 32
     tokens = jnp.zeros((B, T), jnp.int32)
     mask = jnp.ones((B, T), jnp.int32)
-    pos = positions_from_mask(mask)
 
     def temp_bytes(chunk):
         g, p = nnx.split(_model(chunk))

@@ -25,6 +25,15 @@ def _cli(workdir, *flags, config="configs/tiny.py"):
     return err[0]
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The embedded task's TFDS copy, prepared once for the tests here that need it (about 20 s each)."""
+    from sage_jax.data import builders
+    d = str(tmp_path_factory.mktemp("tfds"))
+    builders.load_split("procedural_arithmetic", "train", data_dir=d, config="strategies")  # configs/tiny.py
+    return d
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--config.rl.betaa=0.1"], ["config.rl", "'betaa'", "config.rl.beta?"]),
     (["--config.eval.models.base=/tmp"], ["eval.models.base", "--config.eval.model_list"]),
@@ -86,7 +95,42 @@ def test_tokenizer_larger_than_the_vocabulary(tmp_path):
     assert str(model) in line and "tokenizer has" in line and f"vocab_size is {cfg['vocab_size']}" in line, line
 
 
-def test_a_prompt_too_long_is_found_before_the_first_step(tmp_path):
-    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.data.max_prompt_tokens=36")
+def test_a_prompt_too_long_is_found_before_the_first_step(tmp_path, prepared):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={prepared}", "--config.data.max_prompt_tokens=36")
     assert "data.max_prompt_tokens=36" in line and "row" in line and "procedural_arithmetic:train" in line
     assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_an_unknown_config_variant_lists_the_valid_ones(tmp_path):
+    line = _cli(str(tmp_path / "w"), config="configs/sage_official.py:bogus")
+    assert "unknown variant 'bogus'" in line and all(v in line for v in ("branch", "grpo", "nokl")), line
+
+
+@pytest.mark.parametrize("config,flags,words", [
+    # tiny.py: 48 prompt tokens on a model with 1024 positions
+    ("configs/tiny.py", ["--config.rollout.max_new_tokens=1100"],
+     ["data.max_prompt_tokens=48 + rollout.max_new_tokens=1100 = 1148 positions", "beyond the model's 1024"]),
+    # the official preset's 2048 + 6144 on the tiny model
+    ("configs/sage_official.py", [f"--config.model.path={TINY_BASE}"],
+     ["rollout.max_new_tokens=6144", "beyond the model's 1024"]),
+])
+def test_a_context_beyond_the_model_positions_is_refused_before_compiling(tmp_path, config, flags, words):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", *flags, config=config)
+    assert all(w in line for w in words), line
+    assert "model.path=" in line and not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_an_evaluation_beyond_the_model_positions_is_refused_before_the_first_step(tmp_path, prepared):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={prepared}", "--config.eval.max_new_tokens=1100")
+    assert "eval.max_new_tokens=1100" in line and "beyond the model's 1024" in line, line
+    assert not os.path.exists(tmp_path / "w" / "checkpoints")
+
+
+def test_a_training_set_smaller_than_one_batch_names_the_field(tmp_path, prepared):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={prepared}", "--config.data.max_train_problems=5")
+    assert "5 training record(s)" in line and "data.batch_size=8" in line, line
+
+
+def test_a_non_finite_learning_rate_is_refused_by_name(tmp_path):
+    line = _cli(str(tmp_path / "w"), f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.optim.learning_rate=nan")
+    assert "optim.learning_rate=nan" in line, line

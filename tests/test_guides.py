@@ -354,7 +354,7 @@ def test_config_validation_errors():
         guides.make_guide_config("branch", ratoi=0.1)
     with pytest.raises(ValueError, match="unknown norm"):
         guides.token_q(jnp.ones((1, 2)), jnp.ones((1, 2)), jax.random.PRNGKey(0), 0.1, 0.1, "bad")
-    with pytest.raises(ValueError, match="q_min must be <= q_max"):
+    with pytest.raises(ValueError, match=r"q_min=2.0 must be <= q_max=1.0"):
         guides.branch_q(jnp.ones((1, 2)), jnp.ones((1, 2)), q_min=2.0, q_max=1.0)
     with pytest.raises(TypeError, match="expects a TokenConfig"):
         guides.compute_log_q("token", guide_configs.BranchConfig(), _inputs()[0])

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+sys.path.insert(0, ROOT)  # the studies import each other as experiments.<study>
 
-from readme_blocks import read_block  # noqa: E402
+from experiments.readme_blocks import read_block  # noqa: E402
 
 
 def _module(path):
@@ -47,7 +47,6 @@ def test_demo_results_are_self_consistent():
 
 def test_readme_bench_table_is_its_results_files():
     here = os.path.join(ROOT, "experiments", "bench")
-    sys.path.insert(0, here)
     mod = _module(os.path.join(here, "report.py"))
     assert read_block(os.path.join(ROOT, "README.md"), "bench").strip() == mod.readme_table(here).strip()
     # each CPU results file's ratio is its own step times' ratio (no typed number in between)
@@ -61,7 +60,6 @@ def test_readme_bench_table_is_its_results_files():
 def test_memory_and_decode_tables_are_their_results_files():
     """memory_plan_long.md and decode_floor.md are what their scripts render from the committed .json, and
     the README's paper-scale peaks are that file's rows (to the README's one decimal)."""
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
     mp, df = _module(os.path.join(ROOT, "experiments/memory_plan.py")), _module(os.path.join(ROOT, "experiments/decode_floor.py"))
     saved = json.load(open(os.path.join(ROOT, "experiments/memory_plan_long.json")))
     text, rows = mp.render(saved["records"], mp.LONG_POINTS, [2, 4], saved["backend"], saved.get("check"))

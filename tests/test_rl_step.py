@@ -237,6 +237,25 @@ def test_reward_that_raises_or_nans_for_one_sample():
     assert float(m["reward/reward_mean"]) == pytest.approx((16 - failed) / 16)
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_non_finite_update_is_counted_and_optionally_skipped(skip):
+    """One NaN weight makes the loss and every gradient NaN: train/nonfinite says so; with skip_nonfinite the
+    update leaves the parameters, the optimizer state and the step as they were (optax.apply_if_finite's
+    semantics), without it they change (and the training loop stops the run)."""
+    _, _, state, step = setup(skip_nonfinite=skip)
+    params = jax.tree.map(lambda x: x, state.params)
+    leaf = jax.tree.leaves(params)[0]
+    params = jax.tree.unflatten(jax.tree.structure(params),
+                                [leaf.at[(0,) * leaf.ndim].set(jnp.nan)] + jax.tree.leaves(params)[1:])
+    state = state.replace(params=params)
+    before = jax.tree.map(np.asarray, (state.params, state.opt_state))
+    new, m = step(state, batch())
+    assert float(m["train/nonfinite"]) == 1.0
+    after = jax.tree.map(np.asarray, (new.params, new.opt_state))
+    same = all(np.array_equal(a, b, equal_nan=True) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)))
+    assert same == skip and int(new.step) == (0 if skip else 1)
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="group_size"):
         R.RLConfig(group_size=1)

@@ -194,18 +194,12 @@ def test_table_numbers_are_computed_from_results_json(study):
 
 
 def _study_modules(*names):
-    """The study's modules (`stats`, `report`, ...) imported from its folder, without leaving them (or the
-    folder) in sys.modules / sys.path, where their generic names could shadow other tests' modules."""
+    """The study's modules (`stats`, `report`, ...) as its scripts import them: experiments.sage_miniature.<name>
+    from the repo root (qualified names shadow no other test's modules)."""
     import importlib
-    saved = {n: sys.modules.pop(n) for n in ("stats", "methods", "report") if n in sys.modules}
-    sys.path.insert(0, str(STUDY))
-    try:
-        return [importlib.import_module(n) for n in names]
-    finally:
-        sys.path.remove(str(STUDY))
-        for n in ("stats", "methods", "report"):
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return [importlib.import_module(f"experiments.sage_miniature.{n}") for n in names]
 
 
 def test_power_estimate_arithmetic():

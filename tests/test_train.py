@@ -190,21 +190,68 @@ def test_crash_mid_training_leaves_whole_checkpoints(base, data_dir, tmp_path):
     assert "could not be restored" not in proc.stderr
 
 
-def test_sigterm_saves_and_resumes(base, data_dir, tmp_path):
-    w = str(tmp_path / "term")
-    proc = subprocess.Popen(_cmd(w, base, data_dir, steps=8), env=_env(0.5), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def _popen(cmd, slow, err_path):
+    """The run in the background, SIGINT at its default disposition (a background job of a non-interactive shell
+    would ignore it), stderr to a file the test can read while the run goes on."""
+    return subprocess.Popen(cmd, env=_env(slow), stdout=subprocess.PIPE, stderr=open(err_path, "w"), text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_saves_after_the_step_under_way_and_resumes(base, data_dir, tmp_path, sig, code):
+    """SIGTERM (a preemption) or SIGINT (Ctrl-C) while step 2 waits 3 s on its reward, the main thread inside the
+    step: the signal is reported at once, the save comes when that step ends (step 2, not one later), the exit is
+    0 / 130, and the rerun resumes there."""
+    w, err = str(tmp_path / "sig"), str(tmp_path / "err.txt")
+    proc = _popen(_cmd(w, base, data_dir, steps=8), 3.0, err)
     _wait_for(lambda: _steps_logged(w) >= 1, proc)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
-    summary = json.loads(out.strip().splitlines()[-1])
-    assert summary["preempted"] and summary["end_step"] < 8
-    stopped = summary["end_step"]
-    assert str(stopped) in os.listdir(os.path.join(w, "checkpoints"))
+    time.sleep(1.0)  # inside step 2's reward wait
+    proc.send_signal(sig)
+    sent = time.time()
+    _wait_for(lambda: "received" in open(err).read(), proc, timeout=60)
+    assert time.time() - sent < 2.5, "the signal was seen only when the step ended"
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == code, open(err).read()[-3000:]
+    assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == ["2"]
+    assert [r["step"] for r in read_metrics(w)] == [1, 2]
     assert not os.path.exists(os.path.join(w, "export_hf"))  # a preempted run is not final
+    if sig == signal.SIGTERM:
+        assert json.loads(out.strip().splitlines()[-1])["preempted"]
     again, _ = _run(_cmd(w, base, data_dir, steps=8))
-    assert again["start_step"] == stopped and again["end_step"] == 8
+    assert again["start_step"] == 2 and again["end_step"] == 8
+
+
+def test_a_second_signal_exits_at_once_without_saving(base, data_dir, tmp_path):
+    w, err = str(tmp_path / "twice"), str(tmp_path / "err.txt")
+    proc = _popen(_cmd(w, base, data_dir, steps=8), 6.0, err)
+    _wait_for(lambda: _steps_logged(w) >= 1, proc)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _wait_for(lambda: "received" in open(err).read(), proc, timeout=60)
+    proc.send_signal(signal.SIGINT)
+    sent = time.time()
+    proc.wait(timeout=60)
+    assert time.time() - sent < 3 and proc.returncode == 130, open(err).read()[-3000:]
+    assert "exiting now, without saving" in open(err).read()
+    assert not os.path.exists(os.path.join(w, "checkpoints", "2"))
+
+
+def test_a_loss_that_turns_non_finite_stops_the_run(base, data_dir, tmp_path):
+    """A learning rate of 1e38 blows the weights up after step 1; step 2's loss is NaN. The run stops there with
+    one line naming the step (exit 3), logs train/nonfinite, keeps checkpoint 1 and exports nothing (it trained to
+    exit 0 and exported NaN weights before)."""
+    w = str(tmp_path / "nan")
+    p = subprocess.run(_cmd(w, base, data_dir, steps=4, extra=["--config.optim.learning_rate=1e38",
+                                                                "--config.checkpoint_every=1"]),
+                       env=_env(0), capture_output=True, text=True, timeout=300)
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 3 and len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    rows = read_metrics(w)
+    bad = rows[-1]["step"]
+    assert f"step {bad}: the loss or a gradient is not finite" in err[0] and "optim.skip_nonfinite" in err[0]
+    assert rows[-1]["train/nonfinite"] == 1 and all(r["train/nonfinite"] == 0 for r in rows[:-1])
+    assert sorted(int(x) for x in os.listdir(os.path.join(w, "checkpoints"))) == list(range(1, bad))
+    assert not os.path.exists(os.path.join(w, "export_hf"))
 
 
 def test_corrupted_latest_checkpoint_is_skipped(base, data_dir, tmp_path):

@@ -25,17 +25,16 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)  # the repo root: studies import each other as experiments.<study>
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
-from report import markdown, plot_scaling  # noqa: E402
-from reward import count_ones  # noqa: E402
-from trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
+from experiments.bench.report import markdown, plot_scaling  # noqa: E402
+from experiments.bench.reward import count_ones  # noqa: E402
+from experiments.bench.trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
 
 from sage_jax.models import hf  # noqa: E402
 from sage_jax.models.decoder import Decoder  # noqa: E402

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: studies import each other as experiments.<study>
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -112,7 +112,7 @@ def main():
     ap.add_argument("--T", type=int, default=64)
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.ckpt, "model.safetensors")):
-        from bench import write_checkpoint
+        from experiments.bench.bench import write_checkpoint
         args.ckpt = write_checkpoint("tiny", os.path.dirname(args.ckpt))
     model, _ = hf.load(args.ckpt)
     graphdef, state = nnx.split(model)

@@ -31,14 +31,14 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root: studies import each other as experiments.<study>
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench  # noqa: E402
-from profile_decode import thunk_times  # noqa: E402
+from experiments.bench import bench  # noqa: E402
+from experiments.bench.profile_decode import thunk_times  # noqa: E402
 from sage_jax.rl.advantages import group_advantages  # noqa: E402
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) (\w[\w-]*)\(([^)]*)\)(.*)$", re.M)
@@ -238,8 +238,7 @@ def main():
         json.dump(out, f, indent=1)
     md = render(out)
     print(md)
-    sys.path.insert(0, os.path.dirname(HERE))
-    from readme_blocks import write_block
+    from experiments.readme_blocks import write_block
     write_block(os.path.join(HERE, "README.md"), "profile_train", md)
 
 

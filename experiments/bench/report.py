@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from trl_runner import TRL_VARIANTS
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from experiments.bench.trl_runner import TRL_VARIANTS  # noqa: E402
 
 
 def plot_scaling(scal, path):
@@ -134,11 +138,8 @@ def readme_table(here):
 
 
 if __name__ == "__main__":  # python experiments/bench/report.py --readme: rewrite the README's table
-    import os
-    import sys
+    from experiments.readme_blocks import write_block
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.dirname(here))
-    from readme_blocks import write_block
     if "--readme" in sys.argv:
         write_block(os.path.join(here, "..", "..", "README.md"), "bench", readme_table(here))
     print(readme_table(here))

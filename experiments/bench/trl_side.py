@@ -25,8 +25,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reward import count_ones  # noqa: E402  (the same reward function as the JAX side)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root: studies import each other as experiments.<study>
+from experiments.bench.reward import count_ones  # noqa: E402  (the same reward function as the JAX side)
 
 
 class StepTimer(TrainerCallback):

@@ -23,9 +23,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO / "experiments"))
+sys.path.insert(0, str(REPO))  # the repo root: studies import each other as experiments.<study>
 
-from readme_blocks import write_block  # noqa: E402
+from experiments.readme_blocks import write_block  # noqa: E402
 
 RESULTS = HERE / "results.json"
 COMMAND = "python -m sage_jax.main --config=configs/tiny.py --workdir=DIR --config.seed=S"

@@ -26,11 +26,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO / "experiments"))
-sys.path.insert(0, str(REPO / "experiments" / "bench"))
-sys.path.insert(0, str(REPO / "experiments" / "sage_miniature"))
+sys.path.insert(0, str(REPO))  # the repo root: studies import each other as experiments.<study>
 
-from readme_blocks import write_block  # noqa: E402
+from experiments.readme_blocks import write_block  # noqa: E402
 
 TINY_BASE = str(REPO / "sage_jax" / "assets" / "tiny_base")
 KS = (1, 2, 4, 8, 16, 32)
@@ -53,13 +51,13 @@ def _wall(log: Path) -> float:
 
 def dump_prompts(seed: int, data_dir: str, path: Path) -> None:
     """This project's training prompts of `seed`, in the order its pipeline gives them (configs/tiny.py)."""
-    import types
-
+    from sage_jax import config_lib
     from sage_jax.models import hf
     from sage_jax.train import data as train_data
-    c = _config(seed, data_dir)
-    s = types.SimpleNamespace(workdir=str(path.parent), tokenizer=hf.load_tokenizer(TINY_BASE))
-    it = train_data.prompt_iterator(c, s, train_data.train_source(c, s, c.data.train_split), c.seed)
+    spec = config_lib.resolve(_config(seed, data_dir))
+    tok = hf.load_tokenizer(TINY_BASE)
+    source = train_data.train_source(spec.data, spec.mode, tok, str(path.parent))
+    it = train_data.prompt_iterator(spec.data, tok, source, spec.seed)
     rows = []
     for _ in range(STEPS):
         b = next(it)
@@ -88,7 +86,7 @@ def train_ours(seed: int, work: Path, data_dir: str) -> Path:
 
 
 def train_trl(seed: int, work: Path, data_dir: str) -> Path:
-    from trl_runner import ensure_trl_venv
+    from experiments.bench.trl_runner import ensure_trl_venv
     out = work / f"trl_s{seed}"
     c = _config(seed, data_dir)
     if not (out / "log.json").exists():
@@ -114,7 +112,7 @@ def evaluate(models: dict[str, str], work: Path, data_dir: str) -> dict:
 # ----------------------------------------------------------------------------- analysis
 
 def analyse(results: dict, curves: dict, seeds: list[int], walls: dict) -> dict:
-    from stats import combination_ci
+    from experiments.sage_miniature.stats import combination_ci
     summ = results["summary"]
     bench = next(iter(summ["benchmarks"]))
     ids = list(summ["per_problem"]["base"][bench])

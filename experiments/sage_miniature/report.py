@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-import stats
+from experiments.sage_miniature import stats
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from methods import CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
+from experiments.sage_miniature.methods import CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
 
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS (run.py rewrites this block) -->", "<!-- END GENERATED RESULTS -->"
 PLOTS = {"pass_at_k": "pass_at_k.png", "training": "training_curves.png", "entropy": "entropy_hist.png"}
@@ -161,7 +161,7 @@ def _paper(m: dict, i: int) -> str:
 
 def render_markdown(res: dict, image_dir: str = ".") -> str:
     """The results block: main table, diagnostics, claims, calibration, plots (links under image_dir)."""
-    kmax, nseeds = res["kmax"], len(res["budget"]["seeds"])
+    kmax = res["kmax"]
     b, cal = res["budget"], res["calibration"]
     ms = res["methods"]
     lines = [f"Mode `{res['mode']}`: {b['steps']} RL steps per run, seeds {b['seeds']}, held-out "

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent))  # the repo root: studies import each other as experiments.<study>
 
-import methods as M  # noqa: E402
-from worker import BENCH, REPO  # noqa: E402
+from experiments.sage_miniature import methods as M  # noqa: E402
+from experiments.sage_miniature.worker import BENCH, REPO  # noqa: E402
 
 DEFAULT_OUT = HERE / "results"
 README = HERE / "README.md"
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         print(f"error: {len(failed)} job(s) failed: {', '.join(failed)} (logs in {work / 'logs'}); rerun to "
               "resume", file=sys.stderr)
         return 1
-    import report
+    from experiments.sage_miniature import report
     timing = _timing(tasks, work, a.jobs, time.time() - t0, ran)
     problem_ids = _json(next(t.result for t in tasks if t.stage == "eval"))["problem_ids"]
     eval_dirs = {t.name.split(":", 1)[1]: str(t.result.parent) for t in tasks if t.stage == "eval"}

@@ -75,12 +75,10 @@ def load_problems(data_dir: str, split: str, start: int, count: int, template: s
     return out
 
 
-def stop_ids(tokenizer, path):
+def model_config(path):
     from sage_jax.models import hf
     from sage_jax.models.config import ModelConfig
-    from sage_jax.models.hf import stop_ids
-    mcfg, _ = ModelConfig.from_hf_dir(hf.resolve_path(path))
-    return stop_ids(tokenizer, mcfg)
+    return ModelConfig.from_hf_dir(hf.resolve_path(path))[0]
 
 
 # ------------------------------------------------------------------------------------------ calibrate
@@ -105,9 +103,9 @@ def calibrate(spec: dict) -> dict:
     # prepares both splits once, and checks the test split's size (methods.TEST_SIZE, the power estimate's cap)
     load_problems(spec["data_dir"], "test", spec["test_size"] - 1, 1, spec["template"], tok, end_of_split=True)
     model, _ = hf.load(spec["model_path"])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    cfg = SamplingConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"],
-                         eos_ids=stop_ids(tok, spec["model_path"]), pad_id=int(pad))
+    eos, pad = hf.sampling_ids(tok, model_config(spec["model_path"]))  # as training and evaluation take them
+    cfg = SamplingConfig(max_new_tokens=spec["max_new_tokens"], temperature=spec["temperature"], eos_ids=eos,
+                         pad_id=pad)
     graphdef, state = nnx.split(model)
     fn = jax.jit(make_generate_fn(graphdef, cfg))
     rows = [tok(p, add_special_tokens=False)["input_ids"] for _, p, _ in probs for _ in range(spec["n"])]
@@ -115,7 +113,7 @@ def calibrate(spec: dict) -> dict:
     key = jax.random.key(spec["seed"])
     for b, start in enumerate(range(0, len(rows), bs)):
         chunk = rows[start:start + bs]
-        toks, mask = left_pad(chunk + [chunk[-1]] * (bs - len(chunk)), int(pad))
+        toks, mask = left_pad(chunk + [chunk[-1]] * (bs - len(chunk)), pad)
         res = jax.device_get(fn(state, toks, mask, jax.random.fold_in(key, b)))
         m = res.mask_BxT[:len(chunk)].astype(bool)
         ents.append(np.asarray(res.entropy_BxT[:len(chunk)])[m])
@@ -158,10 +156,11 @@ def train(spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------ eval
 def evaluate(spec: dict) -> dict:
     from sage_jax.data.strategies import strategy_of
+    from sage_jax.eval.benchmarks import sampling_config
     from sage_jax.eval.evaluate import EvalSettings, Problem, evaluate_models
     from sage_jax.models import hf
     from sage_jax.rewards.verifiers import make_reward_fn
-    from sage_jax.sampling import SamplingConfig, TextSampler
+    from sage_jax.sampling import TextSampler
 
     path = spec["model_path"]
     tok = hf.load_tokenizer(path)
@@ -171,12 +170,9 @@ def evaluate(spec: dict) -> dict:
     settings = EvalSettings(n=s["n"], temperature=s["temperature"], top_p=s["top_p"], max_tokens=s["max_tokens"],
                             seed=s["seed"], problems_per_batch=s["problems_per_batch"])
 
-    def factory(st: EvalSettings):
+    def factory(st: EvalSettings):  # the sampler training's evaluation and mode=eval build (eval.benchmarks)
         model, _ = hf.load(path)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        cfg = SamplingConfig(max_new_tokens=st.max_tokens, temperature=st.temperature, top_p=st.top_p,
-                             eos_ids=stop_ids(tok, path), pad_id=int(pad))
-        return TextSampler(model, tok, cfg, batch_size=s["batch_size"])
+        return TextSampler(model, tok, sampling_config(st, tok, model_config(path)), batch_size=s["batch_size"])
 
     t0 = time.time()
     evaluate_models({spec["name"]: factory}, {BENCH: probs}, make_reward_fn(spec["reward"]), settings,

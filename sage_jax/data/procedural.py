@@ -15,6 +15,9 @@ import dataclasses
 import hashlib
 import random
 
+from sage_jax.data.strategies import STRATEGIES
+from sage_jax.data.strategies import solution as strategy_solution
+
 OPERATORS = "+-*/"
 
 
@@ -43,7 +46,6 @@ class ArithmeticSpec:
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.strategy_mix:
-            from sage_jax.data.strategies import STRATEGIES
             names = [n for n, _ in self.strategy_mix]
             if set(names) - set(STRATEGIES) or len(set(names)) != len(names):
                 raise ValueError(f"strategy_mix names must be distinct strategies of {sorted(STRATEGIES)}, "
@@ -122,7 +124,6 @@ def make_example(tokens: Tokens, strategy: str | None = None) -> dict:
     if strategy is None:
         solution = f"{' = '.join(render(s) for s in steps)}. \\boxed{{{answer}}}"
     else:
-        from sage_jax.data.strategies import solution as strategy_solution
         solution = strategy_solution(tokens, strategy)[0]
     return {
         "id": "arith-" + hashlib.sha256(expr.encode("ascii")).hexdigest()[:16],

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from sage_jax.data.templates import REASONING_END, SOLUTION_END, SOLUTION_START
 from sage_jax.errors import UserError
 from sage_jax.rewards.boxed import last_boxed  # the same brace matcher as the verifier
 
@@ -157,8 +158,6 @@ def _omr_mini(row: dict, n: int) -> dict | None:
     `expected_answer` is a number; `solution` is the assistant turn after the generation prompt
     `<start_working_out>`: the worked solution (its `<think>` tags removed), `<end_working_out>`, then the
     answer between `<SOLUTION></SOLUTION>`. Other rows: None (skipped, and counted by `iter_records`)."""
-    from sage_jax.data.templates import REASONING_END, SOLUTION_END, SOLUTION_START
-
     answer = str(_scalar(_require(_get(row, "expected_answer"), "expected_answer", row), "expected_answer"))
     if not _is_number(answer):
         return None

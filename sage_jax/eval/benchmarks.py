@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sage_jax.data import builders
+from sage_jax.data.sources import decode_record
+from sage_jax.data.strategies import strategy_of
+from sage_jax.data.templates import format_prompt
 from sage_jax.eval.evaluate import EvalSettings, Problem
+from sage_jax.models import hf
+from sage_jax.sampling import SamplingConfig
+from sage_jax.stop_strings import StopStrings
 
 
 def benchmark_problems(ev, data, workdir: str, tokenizer) -> dict[str, list[Problem]]:
     """The problems of `ev.benchmarks` (an `EvalSpec`), at most `ev.num_problems` each (0 = all), each prompt in
     `ev.template` (with `data.system_prompt`); read from `data`'s TFDS dir and manual dir (a `DataSpec`)."""
-    from sage_jax.data import builders
-    from sage_jax.data.sources import decode_record
-    from sage_jax.data.templates import format_prompt
-
     out = {}
     for spec in ev.benchmarks:
         name, _, split = spec.partition(":")
@@ -38,7 +41,6 @@ def strategy_fn_for(benchmarks) -> Callable[[str], str | None] | None:
     """The procedure labeller of the procedural task (`strategies.strategy_of`) when a benchmark is that task,
     so evaluations count distinct correct procedures; None for other benchmarks."""
     if any(b.partition(":")[0] == "procedural_arithmetic" for b in benchmarks):
-        from sage_jax.data.strategies import strategy_of
         return strategy_of
     return None
 
@@ -54,9 +56,6 @@ def string_list(value, field: str) -> tuple[str, ...]:
 def sampling_config(settings: EvalSettings, tokenizer, model_cfg, decode_segments: int = 4):
     """The `SamplingConfig` an evaluation samples one model with: the settings' temperature, top-p, length and
     stop strings (compiled for this model's tokenizer), the model's stop and pad ids (`hf.sampling_ids`)."""
-    from sage_jax.models import hf
-    from sage_jax.sampling import SamplingConfig
-    from sage_jax.stop_strings import StopStrings
     extra = dict(settings.sampler)
     stops = tuple(extra.pop("stop_strings", ()))
     eos_ids, pad_id = hf.sampling_ids(tokenizer, model_cfg)

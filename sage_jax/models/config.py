@@ -94,7 +94,6 @@ class ModelConfig:
     # ---------------------------------------------------------------- HF conversion
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> "ModelConfig":
-        d = dict(d)
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(f"{source}: model_type={model_type!r} is not supported "
@@ -102,63 +101,11 @@ class ModelConfig:
         for key in _MOE_KEYS:
             if d.get(key):
                 raise ConfigError(f"{source}: key {key!r}={d[key]!r}: mixture-of-experts models are not supported")
-        read: set[str] = set()
-
-        def get(key, default=None, required=False):
-            read.add(key)
-            if key not in d or d[key] is None:
-                if required:
-                    raise ConfigError(f"{source}: required key {key!r} is missing")
-                return default
-            return d[key]
-
-        act = get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"{source}: key 'hidden_act'={act!r} is not supported (only 'silu')")
-        if get("use_sliding_window", False):
-            raise ConfigError(f"{source}: key 'use_sliding_window'=true: sliding-window attention is not supported")
-        layer_types = get("layer_types")
-        if layer_types is not None and any(t != "full_attention" for t in layer_types):
-            bad = sorted(set(t for t in layer_types if t != "full_attention"))
-            raise ConfigError(f"{source}: key 'layer_types' contains {bad}: only full attention is supported")
-        if get("mlp_bias", False):
-            raise ConfigError(f"{source}: key 'mlp_bias'=true is not supported")
-        if get("attention_bias", False) and model_type != "qwen2":
-            # Llama / Qwen3 attention_bias also biases o_proj, a layout no released checkpoint we target uses.
-            raise ConfigError(f"{source}: key 'attention_bias'=true is not supported for {model_type}")
-        qkv_bias = model_type == "qwen2"
-
+        get = _KeyReader(d, source)
+        _check_supported_layout(get, model_type, source)
         hidden = get("hidden_size", required=True)
         heads = get("num_attention_heads", required=True)
-        head_dim = get("head_dim", hidden // heads)
-        kv_heads = get("num_key_value_heads", heads)
-
-        # RoPE: transformers<5 checkpoints have top-level rope_theta / rope_scaling, transformers 5 writes
-        # rope_parameters with rope_theta inside. Read both.
-        rope = dict(get("rope_parameters") or {})
-        scaling = get("rope_scaling")
-        if scaling:
-            rope.update(scaling)
-        theta = rope.get("rope_theta", get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        kwargs: dict[str, Any] = {}
-        if rope_type == "default":
-            pass
-        elif rope_type == "linear":
-            kwargs["rope_factor"] = float(rope["factor"])
-        elif rope_type == "llama3":
-            for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-                if k not in rope:
-                    raise ConfigError(f"{source}: rope_scaling of type 'llama3' lacks key {k!r}")
-            kwargs.update(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
-                          rope_high_freq_factor=float(rope["high_freq_factor"]),
-                          rope_original_max_positions=int(rope["original_max_position_embeddings"]))
-        else:
-            raise ConfigError(f"{source}: key 'rope_scaling' has rope_type={rope_type!r}, which is not supported "
-                              "(supported: default, linear, llama3)")
-        if "partial_rotary_factor" in rope and rope["partial_rotary_factor"] != 1.0:
-            raise ConfigError(f"{source}: key 'partial_rotary_factor'={rope['partial_rotary_factor']} is not supported")
-
+        theta, rope_type, rope_kwargs = _rope_fields(get, source)
         eos = get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         cfg = cls(
@@ -168,21 +115,21 @@ class ModelConfig:
             intermediate_size=get("intermediate_size", required=True),
             num_layers=get("num_hidden_layers", required=True),
             num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
+            num_kv_heads=get("num_key_value_heads", heads),
+            head_dim=get("head_dim", hidden // heads),
             rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
             rope_type=rope_type,
-            qkv_bias=qkv_bias,
+            qkv_bias=model_type == "qwen2",
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(get("tie_word_embeddings", model_type != "llama")),
             max_position_embeddings=int(d.get("max_position_embeddings") or 32768),
             bos_token_id=get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=get("pad_token_id"),
-            **kwargs,
+            **rope_kwargs,
         )
-        unknown = sorted(set(d) - read - _IGNORED_KEYS - {"rope_theta", "rope_scaling", "rope_parameters"})
+        unknown = sorted(set(d) - get.read - _IGNORED_KEYS - {"rope_theta", "rope_scaling", "rope_parameters"})
         if unknown:
             raise ConfigError(f"{source}: unsupported key(s) {unknown}; the decoder does not know what they mean")
         return cfg
@@ -199,3 +146,64 @@ class ModelConfig:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{file}: invalid JSON ({e})") from None
         return cls.from_hf_dict(raw, source=file), raw
+
+
+class _KeyReader:
+    """`get(key, default, required)` over an HF config dict, remembering which keys were read (the rest must
+    be known to mean nothing to the decoder)."""
+
+    def __init__(self, d: dict[str, Any], source: str):
+        self.d, self.source, self.read = d, source, set()
+
+    def __call__(self, key, default=None, required=False):
+        self.read.add(key)
+        if key not in self.d or self.d[key] is None:
+            if required:
+                raise ConfigError(f"{self.source}: required key {key!r} is missing")
+            return default
+        return self.d[key]
+
+
+def _check_supported_layout(get: _KeyReader, model_type: str, source: str) -> None:
+    """Refuse the layouts the decoder does not implement, naming the key."""
+    act = get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{source}: key 'hidden_act'={act!r} is not supported (only 'silu')")
+    if get("use_sliding_window", False):
+        raise ConfigError(f"{source}: key 'use_sliding_window'=true: sliding-window attention is not supported")
+    layer_types = get("layer_types")
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        bad = sorted(set(t for t in layer_types if t != "full_attention"))
+        raise ConfigError(f"{source}: key 'layer_types' contains {bad}: only full attention is supported")
+    if get("mlp_bias", False):
+        raise ConfigError(f"{source}: key 'mlp_bias'=true is not supported")
+    if get("attention_bias", False) and model_type != "qwen2":
+        # Llama / Qwen3 attention_bias also biases o_proj, a layout no released checkpoint we target uses.
+        raise ConfigError(f"{source}: key 'attention_bias'=true is not supported for {model_type}")
+
+
+def _rope_fields(get: _KeyReader, source: str) -> tuple[float, str, dict[str, Any]]:
+    """(rope_theta, rope_type, the scaling fields). transformers<5 checkpoints have top-level rope_theta /
+    rope_scaling, transformers 5 writes rope_parameters with rope_theta inside: both are read."""
+    rope = dict(get("rope_parameters") or {})
+    scaling = get("rope_scaling")
+    if scaling:
+        rope.update(scaling)
+    theta = rope.get("rope_theta", get("rope_theta", 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    kwargs: dict[str, Any] = {}
+    if rope_type == "linear":
+        kwargs["rope_factor"] = float(rope["factor"])
+    elif rope_type == "llama3":
+        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if k not in rope:
+                raise ConfigError(f"{source}: rope_scaling of type 'llama3' lacks key {k!r}")
+        kwargs.update(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
+                      rope_high_freq_factor=float(rope["high_freq_factor"]),
+                      rope_original_max_positions=int(rope["original_max_position_embeddings"]))
+    elif rope_type != "default":
+        raise ConfigError(f"{source}: key 'rope_scaling' has rope_type={rope_type!r}, which is not supported "
+                          "(supported: default, linear, llama3)")
+    if "partial_rotary_factor" in rope and rope["partial_rotary_factor"] != 1.0:
+        raise ConfigError(f"{source}: key 'partial_rotary_factor'={rope['partial_rotary_factor']} is not supported")
+    return theta, rope_type, kwargs

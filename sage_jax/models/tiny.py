@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import string
 
+from sage_jax.models import hf
 from sage_jax.models.config import ModelConfig
+from sage_jax.models.decoder import Decoder
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # pad, turn start, turn end (= EOS)
 CHARS = tuple(c for c in string.printable if c not in "\x0b\x0c\r")
@@ -58,8 +60,6 @@ def write_random_init(out_dir: str, seed: int = 0) -> str:
     """A random-init tiny Qwen2 + char tokenizer in HF format: the starting point of its SFT."""
     from flax import nnx
 
-    from sage_jax.models import hf
-    from sage_jax.models.decoder import Decoder
 
     cfg = tiny_config()
     return hf.save(Decoder(cfg, rngs=nnx.Rngs(seed)), cfg, out_dir, tokenizer=char_tokenizer())

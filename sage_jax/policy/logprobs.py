@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sage_jax.models.decoder import gather_cache, init_cache, positions_from_mask, repeat_cache
+
 Array = jax.Array
 
 
@@ -74,8 +76,6 @@ def sequence_logp_entropy(model, tokens_BxS: Array, mask_BxS: Array, completion_
     `tokens_BxS` = left-padded prompt (P = completion_start) followed by the completion (T); returns BxT.
     The hidden state at position s predicts token s + 1.
     """
-    from sage_jax.models.decoder import positions_from_mask
-
     hidden, _ = model.forward(tokens_BxS, positions_from_mask(mask_BxS), mask_BxS, remat=remat)
     h = hidden[:, completion_start - 1:-1]
     return token_logp_entropy(h, model.unembed_matrix(), tokens_BxS[:, completion_start:], chunk, temperature,
@@ -93,8 +93,6 @@ def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, compl
     reach the shared prompt positions summed over their rows); the prompt positions cost N rows instead
     of B, and the completion queries attend over P + T keys without scoring P x (P + T) prompt queries.
     """
-    from sage_jax.models.decoder import gather_cache, init_cache, positions_from_mask, repeat_cache
-
     (N, P), (B, T) = prompt_NxP.shape, completion_BxT.shape
     pmask = prompt_mask_NxP.astype(jnp.int32)
     cache = init_cache(model.cfg, N, P, model.dtype)

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from sage_jax import sharding as shd
+from sage_jax.rewards.verifiers import FAIL_NAMES, FAIL_RAISED
 
 RewardFn = Callable[[Sequence[str], Sequence[str]], np.ndarray]  # (completions, answers) -> float32 [B]
 ANSWER_PAD = -1  # answer token arrays are right-padded with this
@@ -62,7 +63,6 @@ class HostReward:
         """(rewards_B, failed_B): failed is 0 where the reward is a verdict, else a `rewards.FAIL_*` code
         (the reward function raised or gave NaN / inf: 1; verifier timeout: 2; gold unparsable: 3; verifier
         error: 4); a failed sample scores 0, is counted in the step's metrics and named in the log."""
-        from sage_jax.rewards.verifiers import FAIL_NAMES, FAIL_RAISED
         comps, golds = self.texts(tokens_BxT, mask_BxT, answers_BxA)
         B = len(comps)
         failed = np.zeros(B, np.int32)

@@ -296,36 +296,21 @@ def policy_loss(
     """
     dtype = _ftype(logp_BxT)
     m = mask_BxT.astype(bool)
-    mf = m.astype(dtype)
-    zero = jnp.zeros((), dtype)
+    mf, zero = m.astype(dtype), jnp.zeros((), dtype)
     masked = lambda x: jnp.where(m, x.astype(dtype), zero)  # where: padding garbage gets exactly zero gradient
     lp = masked(logp_BxT)
     old = jax.lax.stop_gradient(lp if old_logp_BxT is None else masked(old_logp_BxT))
-    adv_Bx1 = jax.lax.stop_gradient(adv_B.astype(dtype))[:, None]
     log_q = None if log_q_BxT is None else jax.lax.stop_gradient(masked(log_q_BxT))
-    metrics: dict[str, Array] = {}
-    if cfg.sage_form == "reward" and log_q is not None and cfg.beta > 0:
-        bonus_B = cfg.beta * log_q.sum(-1)  # the objective's reward bonus beta sum_t log q_t
-        adv_Bx1 = adv_Bx1 + bonus_B[:, None]
-        log_q = None  # the KL term is then against pi_ref alone
-        metrics["sage_bonus"] = jax.lax.stop_gradient(bonus_B.mean())
-
-    log_ratio = lp - old
-    if cfg.importance_sampling_level == "sequence":
-        # GSPO: one ratio per sequence, the geometric mean of its token ratios.
-        log_ratio_B = (log_ratio * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
-        log_ratio = jnp.broadcast_to(log_ratio_B[:, None], lp.shape)
-    ratio = jnp.exp(log_ratio)
+    adv_Bx1, log_q, metrics = _advantage(adv_B, log_q, dtype, cfg)
+    ratio = _ratio(lp, old, mf, cfg)
     pg = _surrogate(lp, ratio, adv_Bx1, cfg)
     if cfg.corrects_sampler or cfg.opsm_threshold is not None:
         if sampler_logp_BxT is None:
             raise ValueError("rl.tis_cap / mis_bounds / rs_bounds / opsm_threshold need sampler_logp_BxT (got None)")
-        sampler = jax.lax.stop_gradient(masked(sampler_logp_BxT))
-        weight, corr = sampler_correction(old, sampler, lp, adv_Bx1, mf, cfg)
+        weight, corr = sampler_correction(old, jax.lax.stop_gradient(masked(sampler_logp_BxT)), lp, adv_Bx1, mf, cfg)
         pg = pg * weight
         metrics.update(corr)
-    needs_entropy = cfg.entropy_top_frac < 1 or cfg.entropy_coef > 0
-    if needs_entropy and entropy_BxT is None:
+    if (cfg.entropy_top_frac < 1 or cfg.entropy_coef > 0) and entropy_BxT is None:
         raise ValueError("rl.entropy_top_frac < 1 and rl.entropy_coef > 0 need entropy_BxT (got None)")
     selected = m
     if cfg.entropy_top_frac < 1:
@@ -333,25 +318,14 @@ def policy_loss(
                         top_entropy_tokens(jax.lax.stop_gradient(masked(entropy_BxT)), m, cfg.entropy_top_frac))
         pg = jnp.where(selected, pg, zero)
         metrics["pg_token_frac"] = _masked_mean(selected.astype(dtype), mf)
-    if norm is None:
-        norm = normalizer(m, num_batch_tokens, selected)
-
+    norm = normalizer(m, num_batch_tokens, selected) if norm is None else norm
     agg = lambda x: aggregate(x, m, cfg.loss_type, max_completion_length=cfg.max_completion_length, norm=norm)
-    pg_loss = agg(pg)
-    loss = pg_loss
+    pg_loss = loss = agg(pg)
     if cfg.beta > 0:
-        if cfg.kl_mode == "reverse":
-            if ref_logp_BxT is None:
-                raise ValueError(f"rl.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
-            kl = per_token_kl(lp, jax.lax.stop_gradient(masked(ref_logp_BxT)), log_q, cfg.estimator)
-        else:
-            if forward_kl_BxT is None:
-                raise ValueError("rl.kl_mode='forward' needs forward_kl_BxT (got None)")
-            kl = masked(forward_kl_BxT)
+        kl = _kl(lp, masked, ref_logp_BxT, log_q, forward_kl_BxT, cfg)
         kl_loss = agg(cfg.beta * kl)
         loss = loss + kl_loss
-        metrics["kl"] = _masked_mean(kl, mf)
-        metrics["kl_loss"] = jax.lax.stop_gradient(kl_loss)
+        metrics.update(kl=_masked_mean(kl, mf), kl_loss=jax.lax.stop_gradient(kl_loss))
     if cfg.entropy_coef > 0:
         # the mean entropy of the tokens that keep the policy gradient (TRL: of its effective mask): over the
         # update's such tokens, or the generation batch's tokens for dapo / cispo
@@ -363,3 +337,33 @@ def policy_loss(
     metrics.update(loss=jax.lax.stop_gradient(loss), pg_loss=jax.lax.stop_gradient(pg_loss),
                    **clip_metrics(ratio, adv_Bx1, mf, cfg))
     return loss, metrics
+
+
+def _advantage(adv_B, log_q, dtype, cfg: LossConfig):
+    """(A_Bx1, log q for the KL term, metrics): the objective-level SAGE form moves beta sum_t log q_t into the
+    advantage as a reward bonus, and the KL term is then against pi_ref alone."""
+    adv_Bx1 = jax.lax.stop_gradient(adv_B.astype(dtype))[:, None]
+    if cfg.sage_form == "reward" and log_q is not None and cfg.beta > 0:
+        bonus_B = cfg.beta * log_q.sum(-1)
+        return adv_Bx1 + bonus_B[:, None], None, {"sage_bonus": jax.lax.stop_gradient(bonus_B.mean())}
+    return adv_Bx1, log_q, {}
+
+
+def _ratio(lp, old, mf, cfg: LossConfig):
+    """r_t = exp(lp_t - old_t), or GSPO's one ratio per sequence, the geometric mean of its token ratios."""
+    log_ratio = lp - old
+    if cfg.importance_sampling_level == "sequence":
+        log_ratio_B = (log_ratio * mf).sum(-1) / jnp.maximum(mf.sum(-1), 1.0)
+        log_ratio = jnp.broadcast_to(log_ratio_B[:, None], lp.shape)
+    return jnp.exp(log_ratio)
+
+
+def _kl(lp, masked, ref_logp_BxT, log_q, forward_kl_BxT, cfg: LossConfig):
+    """kl_t: the estimator against the (shaped) anchor, or the exact forward KL the caller computed."""
+    if cfg.kl_mode == "reverse":
+        if ref_logp_BxT is None:
+            raise ValueError(f"rl.beta={cfg.beta} > 0 needs ref_logp_BxT (got None)")
+        return per_token_kl(lp, jax.lax.stop_gradient(masked(ref_logp_BxT)), log_q, cfg.estimator)
+    if forward_kl_BxT is None:
+        raise ValueError("rl.kl_mode='forward' needs forward_kl_BxT (got None)")
+    return masked(forward_kl_BxT)

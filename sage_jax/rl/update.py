@@ -131,114 +131,137 @@ def update_scan(state, ro, scores: Scores, merge, cfg, tx, lr_fn, key) -> tuple[
     """U = num_iterations x M optimizer updates over the rollout, a scan: update u trains minibatch u mod M, as J
     micro-batches whose gradients are summed. Returns ((params, opt_state, step), per-update metrics [U], with
     `applied`: whether each update ran)."""
-    G, M, J = cfg.group_size, cfg.num_minibatches, cfg.grad_accum_steps
-    temp = cfg.sampling.temperature or 1.0
-    k_guide = key  # update u's guide key: fold_in(key, u); the order's key is a stream of its own
-    rw = update_order(ro, scores, cfg, jax.random.fold_in(key, 0x5EED))
-    B, P = rw.tokens_BxT.shape[0], rw.prompt_BxP.shape[1]
-    tokens = jnp.concatenate([rw.prompt_BxP, rw.tokens_BxT], axis=1)
-    fmask = jnp.concatenate([rw.pmask_BxP.astype(jnp.int32), rw.cmask_BxT], axis=1)
-    lmask = rw.lmask_BxT
-    # dapo / cispo's normaliser: the whole generation batch's loss tokens for each of the M updates (TRL 0.23,
-    # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
-    dapo_tokens = lmask.sum() if cfg.dapo_normalizer == "generation" else lmask.sum() / M
-    forward_kl = cfg.forward_kl
-    ref_params = reference_params(state) if forward_kl else None
-    entropy_grad = cfg.loss.entropy_coef > 0
+    up = _Updates(state, ro, scores, merge, cfg, tx, lr_fn, key)
+    n_updates = cfg.num_iterations * cfg.num_minibatches
+    return jax.lax.scan(up.update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
 
-    rows = B // M // J  # rows of one micro-batch; micro-batch i = minibatch i // J, micro-batch i % J within it
-    take = lambda x, i, n=rows: None if x is None else jax.lax.dynamic_slice_in_dim(x, i * n, n, axis=0)
-    # Each prompt's forward once for its rows: micro-batches of whole groups, or (rows in any order) every prompt
-    # once per micro-batch when there are no more prompts than rows in it (the official preset: 2 prompts, 8 rows)
-    N = rw.prompt_NxP.shape[0]
-    grouped = cfg.update_shuffle != "rows"
-    share_train = cfg.share_prompt and (rows % G == 0 if grouped else N <= rows)
 
-    def forward(model, i, remat=cfg.remat, grad=entropy_grad):
+class _Updates:
+    """One rollout's update scan, phase by phase: the rows in update order (`update_order`), micro-batch i's
+    forward, its loss, the update's entropy selection, one optimizer step, and the skip of an empty update."""
+
+    def __init__(self, state, ro, scores: Scores, merge, cfg, tx, lr_fn, key):
+        self.cfg, self.merge, self.tx, self.lr_fn = cfg, merge, tx, lr_fn
+        self.lora_dropout = state.frozen_params is not None
+        self.k_guide = key  # update u's guide key: fold_in(key, u); the order's key is a stream of its own
+        self.rw = rw = update_order(ro, scores, cfg, jax.random.fold_in(key, 0x5EED))
+        B, self.P = rw.tokens_BxT.shape[0], rw.prompt_BxP.shape[1]
+        self.tokens = jnp.concatenate([rw.prompt_BxP, rw.tokens_BxT], axis=1)
+        self.fmask = jnp.concatenate([rw.pmask_BxP.astype(jnp.int32), rw.cmask_BxT], axis=1)
+        self.lmask = rw.lmask_BxT
+        M, J = cfg.num_minibatches, cfg.grad_accum_steps
+        # dapo / cispo's normaliser: the whole generation batch's loss tokens for each of the M updates (TRL 0.23,
+        # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
+        self.dapo_tokens = self.lmask.sum() if cfg.dapo_normalizer == "generation" else self.lmask.sum() / M
+        self.ref_params = reference_params(state) if cfg.forward_kl else None
+        self.rows = B // M // J  # rows of a micro-batch; micro-batch i = minibatch i // J, micro-batch i % J in it
+        # Each prompt's forward once for its rows: micro-batches of whole groups, or (rows in any order) every
+        # prompt once per micro-batch when there are no more prompts than rows in it (the official preset)
+        self.grouped = cfg.update_shuffle != "rows"
+        N, G = rw.prompt_NxP.shape[0], cfg.group_size
+        self.share = cfg.share_prompt and (self.rows % G == 0 if self.grouped else N <= self.rows)
+
+    def take(self, x, i, n=None):
+        """Rows [i * n, (i + 1) * n) of x (n: a micro-batch's rows)."""
+        n = self.rows if n is None else n
+        return None if x is None else jax.lax.dynamic_slice_in_dim(x, i * n, n, axis=0)
+
+    def forward(self, model, i, remat=None, grad=None):
         """Policy log-probs and entropies of micro-batch i."""
-        if share_train and grouped:
-            tp = lambda x: take(x, i, rows // G)
-            return grouped_logp_entropy(model, tp(rw.prompt_NxP), tp(rw.pmask_NxP), take(rw.tokens_BxT, i),
-                                        take(rw.cmask_BxT, i), cfg.logp_chunk, temp, remat=remat, entropy_grad=grad)
-        if share_train:
-            return grouped_logp_entropy(model, rw.prompt_NxP, rw.pmask_NxP, take(rw.tokens_BxT, i),
-                                        take(rw.cmask_BxT, i), cfg.logp_chunk, temp, remat=remat, entropy_grad=grad,
-                                        prompt_index_B=take(rw.prompt_of_B, i))
-        return sequence_logp_entropy(model, take(tokens, i), take(fmask, i), P, cfg.logp_chunk, temp, remat=remat,
-                                     entropy_grad=grad)
+        cfg, rw, take = self.cfg, self.rw, self.take
+        kw = dict(remat=cfg.remat if remat is None else remat,
+                  entropy_grad=cfg.loss.entropy_coef > 0 if grad is None else grad)
+        temp = cfg.sampling.temperature or 1.0
+        tokens_BxT, cmask_BxT = take(rw.tokens_BxT, i), take(rw.cmask_BxT, i)
+        if self.share and self.grouped:
+            tp = lambda x: take(x, i, self.rows // cfg.group_size)
+            return grouped_logp_entropy(model, tp(rw.prompt_NxP), tp(rw.pmask_NxP), tokens_BxT, cmask_BxT,
+                                        cfg.logp_chunk, temp, **kw)
+        if self.share:
+            return grouped_logp_entropy(model, rw.prompt_NxP, rw.pmask_NxP, tokens_BxT, cmask_BxT, cfg.logp_chunk,
+                                        temp, prompt_index_B=take(rw.prompt_of_B, i), **kw)
+        return sequence_logp_entropy(model, take(self.tokens, i), take(self.fmask, i), self.P, cfg.logp_chunk, temp,
+                                     **kw)
 
-    def loss_fn(params, i, step, gkey, norm, selected):
-        model = merge(params)
-        if state.frozen_params is not None and model.lora_cfg.dropout > 0:
+    def loss(self, params, i, step, gkey, norm, selected):
+        """Micro-batch i's loss (its share of the update's, under `norm`) and metrics."""
+        cfg, rw, take = self.cfg, self.rw, self.take
+        model = self.merge(params)
+        if self.lora_dropout and model.lora_cfg.dropout > 0:
             lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
-        lm = take(lmask, i)
-        logp, ent = forward(model, i)
+        lm = take(self.lmask, i)
+        logp, ent = self.forward(model, i)
         sc = Scores(*(take(s, i) for s in rw.scores))
         inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=jax.lax.stop_gradient(ent), logp_BxT=jax.lax.stop_gradient(logp),
                                     ref_logp_BxT=sc.ref_logp_BxT, ref_entropy_BxT=sc.ref_entropy_BxT)
         log_q, q = cfg.guide.log_q(inputs)
-        fkl = (sequence_forward_kl(model, merge(ref_params), take(tokens, i), take(fmask, i), P, cfg.logp_chunk, temp,
-                                   remat=cfg.remat) if forward_kl else None)
+        fkl = None
+        if cfg.forward_kl:
+            fkl = sequence_forward_kl(model, self.merge(self.ref_params), take(self.tokens, i), take(self.fmask, i),
+                                      self.P, cfg.logp_chunk, cfg.sampling.temperature or 1.0, remat=cfg.remat)
+        sampler_logp = take(rw.raw_logp_BxT, i)
         loss, m = losses.policy_loss(logp, sc.old_logp_BxT, sc.ref_logp_BxT, log_q, take(rw.adv_B, i), lm, cfg.loss,
-                                     num_batch_tokens=dapo_tokens, forward_kl_BxT=fkl,
-                                     sampler_logp_BxT=take(rw.raw_logp_BxT, i), entropy_BxT=ent, norm=norm,
+                                     num_batch_tokens=self.dapo_tokens, forward_kl_BxT=fkl,
+                                     sampler_logp_BxT=sampler_logp, entropy_BxT=ent, norm=norm,
                                      selected_BxT=take(selected, i))
         mf = lm.astype(jnp.float32)
         n = jnp.maximum(mf.sum(), 1.0)
-        lp = jax.lax.stop_gradient(logp)
-        diff = jnp.abs(lp - take(rw.raw_logp_BxT, i)) * mf  # numerics: unfiltered both
+        diff = jnp.abs(jax.lax.stop_gradient(logp) - sampler_logp) * mf  # numerics: unfiltered both
         m.update(guides.guide_metrics(q, lm))
         m.update(entropy=(jax.lax.stop_gradient(ent) * mf).sum() / n, logp_diff_mean=diff.sum() / n,
                  logp_diff_max=diff.max())
         return loss, m
 
-    def update_selection(params, i):
+    def selection(self, params, i):
         """J > 1 with entropy_top_frac < 1: the minibatch's top-entropy tokens, from a no-gradient forward of
         its J micro-batches (at the update's params), as J = 1 chooses them from its one forward."""
-        if J == 1 or cfg.loss.entropy_top_frac >= 1:
+        J, frac = self.cfg.grad_accum_steps, self.cfg.loss.entropy_top_frac
+        if J == 1 or frac >= 1:
             return None
         # params as the scan's (unchanged) carry: the model is built inside the body (see rl.step's passes)
-        body = lambda p, j: (p, forward(merge(p), i * J + j, remat="none", grad=False)[1])
-        ent = jax.lax.stop_gradient(jax.lax.scan(body, params, jnp.arange(J))[1].reshape(rows * J, -1))
-        return losses.top_entropy_tokens(ent, take(lmask, i, rows * J), cfg.loss.entropy_top_frac)
+        body = lambda p, j: (p, self.forward(self.merge(p), i * J + j, remat="none", grad=False)[1])
+        ent = jax.lax.stop_gradient(jax.lax.scan(body, params, jnp.arange(J))[1].reshape(self.rows * J, -1))
+        return losses.top_entropy_tokens(ent, self.take(self.lmask, i, self.rows * J), frac)
 
-    def apply(carry, u):
+    def apply(self, carry, u):
+        """Update u: minibatch u mod M's gradient (summed over its J micro-batches), one optimizer step."""
         params, opt_state, step = carry
+        J, rows, M = self.cfg.grad_accum_steps, self.rows, self.cfg.num_minibatches
         i = u % M
-        gkey = jax.random.fold_in(k_guide, u)
+        gkey = jax.random.fold_in(self.k_guide, u)
         if J == 1:
-            (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, i, step, gkey, None, None)
+            (_, m), grads = jax.value_and_grad(self.loss, has_aux=True)(params, i, step, gkey, None, None)
         else:
-            selected = update_selection(params, i)
-            norm = losses.normalizer(take(lmask, i, rows * J), dapo_tokens, selected)
-            micro = lambda p, j: loss_fn(p, i * J + j, step, jax.random.fold_in(gkey, j), norm,
-                                         _micro_rows(selected, j, rows))
+            selected = self.selection(params, i)
+            lmask = self.take(self.lmask, i, rows * J)
+            norm = losses.normalizer(lmask, self.dapo_tokens, selected)
+            micro = lambda p, j: self.loss(p, i * J + j, step, jax.random.fold_in(gkey, j), norm,
+                                           _micro_rows(selected, j, rows))
             _, ms_j, grads = accumulate_grads(micro, params, J)
-            m = reduce_micro_batches(ms_j, take(lmask, i, rows * J).reshape(J, rows, -1).sum((1, 2)))
+            m = reduce_micro_batches(ms_j, lmask.reshape(J, rows, -1).sum((1, 2)))
         m["grad_norm"] = optax.tree.norm(grads)
-        m["lr"] = lr_fn(step)
+        m["lr"] = self.lr_fn(step)
         finite = jnp.isfinite(m["grad_norm"]) & jnp.isfinite(m["loss"])
         m["nonfinite"] = jnp.logical_not(finite).astype(jnp.float32)
-        upd, new_opt = tx.update(grads, opt_state, params)
+        upd, new_opt = self.tx.update(grads, opt_state, params)
         new = (optax.apply_updates(params, upd), new_opt, step + 1)
-        if cfg.skip_nonfinite:  # keep what was there: no NaN reaches the parameters or Adam's moments
+        if self.cfg.skip_nonfinite:  # keep what was there: no NaN reaches the parameters or Adam's moments
             new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, (params, opt_state, step))
         return new, m
 
-    def update(carry, u):
-        has_tokens = take(lmask, u % M, rows * J).any()
-        out_shape = jax.eval_shape(apply, carry, u)[1]
+    def update(self, carry, u):
+        """`apply`, or (no loss token in minibatch u mod M) no optimizer step at all, zero metrics."""
+        rows = self.rows * self.cfg.grad_accum_steps
+        has_tokens = self.take(self.lmask, u % self.cfg.num_minibatches, rows).any()
+        out_shape = jax.eval_shape(self.apply, carry, u)[1]
 
-        def skip(carry, u):  # nothing to train on: no optimizer step at all
+        def skip(carry, u):
             m = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
-            return carry, {**m, "lr": lr_fn(carry[2])}
+            return carry, {**m, "lr": self.lr_fn(carry[2])}
 
-        carry, m = jax.lax.cond(has_tokens, apply, skip, carry, u)
+        carry, m = jax.lax.cond(has_tokens, self.apply, skip, carry, u)
         return carry, {**m, "applied": has_tokens}
-
-    n_updates = cfg.num_iterations * M
-    return jax.lax.scan(update, (state.params, state.opt_state, state.step), jnp.arange(n_updates))
 
 
 def reduce_micro_batches(ms_j: dict[str, Array], tokens_J: Array) -> dict[str, Array]:

@@ -11,13 +11,18 @@ import jax
 import numpy as np
 
 from sage_jax import config_lib
+from sage_jax.data import builders
+from sage_jax.data.files import find_local_files
+from sage_jax.data.pipeline import make_prompt_iterator
+from sage_jax.data.sources import SPECS, decode_record
+from sage_jax.data.templates import make_template_fn
+from sage_jax.train.sft import sft_lengths
 
 log = logging.getLogger(__name__)
 
 
 def data_source(data, workdir: str, split: str):
     """The random-access records of `split` of the `DataSpec`'s dataset (prepared on first use)."""
-    from sage_jax.data import builders
     return builders.load_split(data.name, split, data_dir=data.tfds_dir(workdir), manual_dir=data.manual_dir,
                                config=data.builder_config)
 
@@ -44,15 +49,12 @@ def train_source(data, mode: str, tokenizer, workdir: str):
 
 
 def _source_files(data) -> str:
-    from sage_jax.data.files import find_local_files
-    from sage_jax.data.sources import SPECS
     if data.name not in SPECS or not data.manual_dir:
         return ""
     return ", ".join(str(p) for p in find_local_files(SPECS[data.name], data.manual_dir))
 
 
 def prompt_iterator(data, tokenizer, source, seed: int):
-    from sage_jax.data.pipeline import make_prompt_iterator
     n_proc = jax.process_count()
     if data.sampled_per_step % n_proc:
         raise config_lib.ConfigValidationError(
@@ -65,9 +67,6 @@ def check_sft_lengths(data, tokenizer, source, chunk: int = 1024):
     """Every SFT example (prompt + solution + EOS) fits `data.max_sft_tokens`, checked before the first step.
     Over the limit: an error naming the first such row, or with `data.sft_drop_longer` those rows left out
     (the official SFT keeps rows up to max_seq_len / 2 tokens) and their count logged."""
-    from sage_jax.data.sources import decode_record
-    from sage_jax.data.templates import make_template_fn
-    from sage_jax.train.sft import sft_lengths
     fmt = make_template_fn(data.template, tokenizer, data.system_prompt)
     limit, keep, split = data.max_sft_tokens, [], data.train_split
     for start in range(0, len(source), chunk):
@@ -93,7 +92,6 @@ def check_sft_lengths(data, tokenizer, source, chunk: int = 1024):
 def check_prompt_lengths(data, tokenizer, source) -> None:
     """Every prompt of `source` fits `data.max_prompt_tokens`, checked before the first step (a long row found
     when its batch comes up would end a run hours in); the error names the first row that does not fit."""
-    from sage_jax.data.sources import decode_record
     limit = data.max_prompt_tokens
     lengths = prompt_lengths(data, tokenizer, source)
     over = np.flatnonzero(lengths > limit)
@@ -134,8 +132,6 @@ def prompt_lengths(data, tokenizer, source, chunk: int = 8192) -> np.ndarray:
 
 
 def _count_prompt_tokens(data, tokenizer, source, chunk: int) -> np.ndarray:
-    from sage_jax.data.sources import decode_record
-    from sage_jax.data.templates import make_template_fn
     fmt = make_template_fn(data.template, tokenizer, data.system_prompt)
     # Render the template once around a marker, when it inserts the problem verbatim (checked on the
     # first rows below): jinja per row costs more than the tokenizer.
@@ -166,7 +162,6 @@ def _lengths_cache_path(data, tokenizer, source) -> str | None:
     files = sorted(f for f in os.listdir(data_dir) if f"-{split}." in f)
     stats = [(f, os.path.getsize(os.path.join(data_dir, f)), os.path.getmtime(os.path.join(data_dir, f)))
              for f in files]
-    from sage_jax.data.templates import make_template_fn
     marker = "\x00problem\x00"
     rendered = make_template_fn(data.template, tokenizer, data.system_prompt)(marker)
     tok = tokenizer

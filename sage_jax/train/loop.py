@@ -35,7 +35,7 @@ from sage_jax.train.checkpoint import (Checkpointer, base_pointer, check_base_po
 from sage_jax.train.metric_writer import MetricWriter
 from sage_jax.train.setup import Setup, batch_fn, build_setup, build_trainer
 from sage_jax.train.signals import Preemption
-from sage_jax.train.training_eval import TrainingEval, eval_metrics
+from sage_jax.train.training_eval import TrainingEval, eval_metrics, read_benchmarks
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ def _build(spec: RunSpec, workdir: str) -> _Run:
     s = build_setup(spec, workdir)
     # bad data stops the run before the model loads
     source = train_data.train_source(spec.data, spec.mode, s.tokenizer, workdir)
+    benchmarks = read_benchmarks(s) if spec.eval.any else None
     t = build_trainer(spec, s, len(source))
     spec = t.spec
     is_main = jax.process_index() == 0
@@ -109,7 +110,8 @@ def _build(spec: RunSpec, workdir: str) -> _Run:
                 next_batch=batch_fn(spec, s),
                 ckpt=Checkpointer(os.path.join(workdir, "checkpoints"), keep=spec.ckpt.keep,
                                   async_save=spec.ckpt.async_save),
-                writer=writer, evaluator=TrainingEval(s, t.graphdef) if spec.eval.any else None, is_main=is_main)
+                writer=writer, evaluator=TrainingEval(s, benchmarks, t.graphdef) if benchmarks is not None else None,
+                is_main=is_main)
 
 
 def _restore(r: _Run) -> int:
@@ -152,9 +154,12 @@ def _train(r: _Run, start: int, pre: Preemption) -> int:
         while step < max_steps and not pre.requested:
             r.state, metrics = r.step_fn(r.state, batch)  # dispatched; runs while the host draws the next batch
             step += 1
-            data_state = position
+            data_state, data_error = position, None
             if step < max_steps:
-                batch, position = draw()
+                try:
+                    batch, position = draw()
+                except Exception as e:  # noqa: BLE001 - raised once the step under way is logged and saved
+                    data_error = e
             host = jax.device_get(metrics)  # waits for the step
             now = time.perf_counter()
             host["perf/step_s"], t_last = now - t_last, now
@@ -168,8 +173,10 @@ def _train(r: _Run, start: int, pre: Preemption) -> int:
                     "optim.learning_rate, or set optim.skip_nonfinite=True to skip such updates")
             if r.evaluator is not None and spec.eval.every and step % spec.eval.every == 0 and step < max_steps:
                 r.evaluate(step)
-            if (spec.ckpt.every and step % spec.ckpt.every == 0) or pre.requested:
+            if (spec.ckpt.every and step % spec.ckpt.every == 0) or pre.requested or data_error is not None:
                 r.save(step, data_state)
+            if data_error is not None:  # the save may still be under way: run()'s cleanup finishes it
+                raise data_error
         if step > start or not r.ckpt.all_steps():
             r.save(step, data_state if step > start else r.it.get_state())
         r.ckpt.wait()

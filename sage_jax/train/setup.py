@@ -67,7 +67,7 @@ def build_setup(spec: RunSpec, workdir: str) -> Setup:
 
 def check_positions(spec: RunSpec, model_cfg: ModelConfig) -> None:
     """The longest sequence a training step builds fits the model's positions (RoPE scaling counted); the
-    evaluation's prompts are checked once they are read (`TrainingEval`)."""
+    evaluation's prompts are checked once they are read (`training_eval.read_benchmarks`)."""
     try:
         if spec.mode == "rl":
             model_cfg.check_positions(spec.data.max_prompt_tokens + spec.rl.sampling.max_new_tokens,

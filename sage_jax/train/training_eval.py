@@ -33,14 +33,21 @@ def check_prompt_positions(benchmarks, tokenizer, model_cfg, max_new_tokens: int
         raise config_lib.ConfigValidationError(f"{where}: {e}") from None
 
 
+def read_benchmarks(s: Setup) -> dict:
+    """The evaluation's problems (`EvalSpec`), their longest prompt checked against the model's positions: read
+    before the model loads, so that an evaluation that cannot fit stops the run before anything is written."""
+    benchmarks = benchmark_problems(s.spec.eval, s.spec.data, s.workdir, s.tokenizer)
+    check_prompt_positions(benchmarks, s.tokenizer, s.model_cfg, s.spec.eval.settings.max_tokens,
+                           f"model.path={s.spec.model.path}")
+    return benchmarks
+
+
 class TrainingEval:
     """`evaluator(step, state)` evaluates (or finishes evaluating) the policy at `step` on the run's `EvalSpec`."""
 
-    def __init__(self, s: Setup, graphdef):
+    def __init__(self, s: Setup, benchmarks: dict, graphdef):
         self.s, self.graphdef, self.ev = s, graphdef, s.spec.eval
-        self.benchmarks = benchmark_problems(self.ev, s.spec.data, s.workdir, s.tokenizer)
-        check_prompt_positions(self.benchmarks, s.tokenizer, s.model_cfg, self.ev.settings.max_tokens,
-                               f"model.path={s.spec.model.path}")
+        self.benchmarks = benchmarks  # read_benchmarks(s), before the model loads
         self.strategy_fn = strategy_fn_for(self.benchmarks)
         self._sampler: TextSampler | None = None
 
