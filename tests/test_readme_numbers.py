@@ -22,7 +22,8 @@ def _module(path):
 
 
 @pytest.mark.parametrize("block,script", [("demo", "experiments/demo/run.py"),
-                                          ("learning_parity", "experiments/learning_parity/run.py")])
+                                          ("learning_parity", "experiments/learning_parity/run.py"),
+                                          ("varlen", "experiments/varlen/run.py")])
 def test_readme_block_is_its_results_file(block, script):
     mod = _module(os.path.join(ROOT, script))
     results = json.loads(open(os.path.join(os.path.dirname(os.path.join(ROOT, script)), "results.json")).read())

@@ -112,3 +112,44 @@ def grouped_logp_entropy(model, prompt_NxP: Array, prompt_mask_NxP: Array, compl
     # The prompt's last position predicts completion token 0; completion position t predicts t + 1.
     h = jnp.concatenate([rows(hidden_p[:, -1:]), hidden_c[:, :-1]], axis=1)
     return token_logp_entropy(h, model.unembed_matrix(), completion_BxT, chunk, temperature, entropy_grad)
+
+
+# ---------------------------------------------------------------- real tokens only (length buckets)
+def length_grid(T: int, buckets: int) -> tuple[int, ...]:
+    """The static completion lengths a bucketed pass chooses from: ceil(k T / K) for k = 1..K, T the last."""
+    return tuple(sorted({-(-T * k // buckets) for k in range(1, buckets + 1)}))
+
+
+def used_length(cmask_BxT: Array) -> Array:
+    """The completion positions the rows use: one past the last real token of any row (0 when there is none)."""
+    T = cmask_BxT.shape[1]
+    return jnp.max(jnp.where(cmask_BxT > 0, jnp.arange(1, T + 1), 0))
+
+
+def bucketed(fn, cmask_BxT: Array, grid: tuple[int, ...], *operands):
+    """`fn(t, *operands)` -> a tuple of [R, t] arrays, run at the smallest length t of `grid` that holds every
+    row's completion (`used_length`), its outputs zero-padded back to [R, T]: a `lax.switch` among len(grid)
+    static shapes, each compiled once, so the executed positions follow the real ones without recompiling.
+
+    Exact: the decoder is causal, so no output at a position < t reads a position >= t; the cut positions are
+    padding that the loss masks (and that a padded pass would have computed for nothing)."""
+    T = cmask_BxT.shape[1]
+    if len(grid) == 1:
+        return fn(T, *operands)
+    k = jnp.searchsorted(jnp.asarray(grid), used_length(cmask_BxT))
+
+    def branch(t):
+        pad = lambda y: jnp.pad(y, ((0, 0), (0, T - t)) + ((0, 0),) * (y.ndim - 2))
+        return lambda *ops: tuple(pad(y) for y in fn(t, *ops))
+
+    return jax.lax.switch(k, [branch(t) for t in grid], *operands)
+
+
+def sorted_chunks(lengths_B: Array, n_chunks: int) -> Array:
+    """A row order for `n_chunks` chunks by length, where chunk c is rows perm[c::n_chunks] (the interleaved
+    layout of the chunked passes, so that rows sharded over a mesh keep every device's share in every chunk):
+    chunk 0 holds the longest B / n_chunks rows, chunk 1 the next, and so on."""
+    B = lengths_B.shape[0]
+    by_length = jnp.argsort(-lengths_B, stable=True)  # rank r -> row
+    # position j * n_chunks + c holds rank c * (B / n_chunks) + j
+    return by_length.reshape(n_chunks, B // n_chunks).T.reshape(B)

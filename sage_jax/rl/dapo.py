@@ -8,8 +8,10 @@ signal, only KL terms. DAPO keeps sampling until the batch holds N groups with u
 fixed-shape program this is done by over-sampling: the step generates k x N groups, ranks the
 informative ones first (in batch order, so the choice is deterministic) and trains on the first N. When
 fewer than N are informative, the remaining slots hold uninformative groups whose rows are masked out of
-the loss (they change neither the loss nor its token count): the update then has fewer groups, as DAPO's
-batch would after `max_num_gen_batches`. Rewards of the verifier (before any length penalty) decide what is
+the loss (they change neither the loss nor its token count) and an update left with none is no optimizer step:
+the step trains on fewer groups. verl instead samples again, up to `max_num_gen_batches`, and raises when that
+is reached short; a fixed-shape program cannot loop on the host, so the shortfall is counted
+(`dynamic/short_groups`) instead. Rewards of the verifier (before any length penalty) decide what is
 informative, as verl's DAPO recipe filters on `acc`.
 
 Overlong reward shaping, with L_max = rollout.max_new_tokens and a buffer L_c (DAPO eq. 13, verl's

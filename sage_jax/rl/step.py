@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from sage_jax import sharding as shd
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
-from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.logprobs import (bucketed, grouped_logp_entropy, length_grid, sequence_logp_entropy, sorted_chunks,
+                                      used_length)
 from sage_jax.rl.rollout import Rollout, rollout
 from sage_jax.policy.state import TrainState, merge_policy, reference_params
 from sage_jax.rl.update import UPDATE_SHUFFLES, Scores, reduce_metrics, update_scan
@@ -72,6 +73,12 @@ class RLConfig:
     # sequential row chunks of whole groups: their attention scores (rows x heads x S^2) are live for B / C
     # rows at a time. 1 = all rows at once. Same numbers either way.
     score_chunks: int = 1
+    # Real tokens only: K > 1 sorts the rows by completion length into K chunks per micro-batch (and K chunks per
+    # score chunk of the no-gradient passes), and runs each chunk at the smallest of K static lengths ceil(k T / K)
+    # that holds its longest row (policy/logprobs.bucketed; each length compiled once, no recompilation as lengths
+    # change). The same loss, gradients and metrics as K = 1 (the decoder is causal); what changes is the
+    # padding computed. 1 = every pass over the whole [B, P + T] rectangle.
+    length_buckets: int = 1
     # DAPO's sample-level options (sage_jax/rl/dapo.py): sample dynamic_sampling x the trained prompts, train on
     # the groups with unequal rewards first (1 = off); the soft overlong penalty over the last
     # overlong_buffer tokens (0 = off), times overlong_penalty; truncated completions out of the loss.
@@ -102,6 +109,9 @@ class RLConfig:
             raise ValueError(f"rl.grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         if self.score_chunks < 1:
             raise ValueError(f"rl.score_chunks must be >= 1, got {self.score_chunks}")
+        if not 1 <= self.length_buckets <= self.sampling.max_new_tokens:
+            raise ValueError(f"rl.length_buckets={self.length_buckets} must be in [1, rollout.max_new_tokens="
+                             f"{self.sampling.max_new_tokens}] (1 = off)")
         if not 0 <= self.pass_at_k <= self.group_size:
             raise ValueError(f"rl.pass_at_k={self.pass_at_k} must be in [0, group_size={self.group_size}] (0 = off)")
         if self.dynamic_sampling < 1:
@@ -143,6 +153,10 @@ class RLConfig:
                              f"rl.num_minibatches={M}")
         if (B // M) % J:
             raise ValueError(f"{B // M} rows per minibatch not divisible by rl.grad_accum_steps={J}")
+        K = self.length_buckets
+        if (B // M // J) % K or (B // self.score_chunks) % K:
+            raise ValueError(f"rl.length_buckets={K} does not divide the {B // M // J} rows of a micro-batch or the "
+                             f"{B // self.score_chunks} rows of a score chunk (rl.score_chunks={self.score_chunks})")
 
     def with_tokenizer(self, eos_ids, pad_id: int, stop=None) -> "RLConfig":
         """This config with the sampler's stop ids, pad id and compiled stop strings, which come with the
@@ -225,6 +239,8 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
     B / score_chunks rows is live at a time. The params enter the chunk loop as its (unchanged) carry and the
     model is built from them inside the body: an NNX transform in its blocks (a graphdef with remat) cannot
     update Variables of an outer trace."""
+    if cfg.length_buckets > 1:
+        return _scores_by_length(state, ro, merge, cfg)
     G, n_chunks = cfg.group_size, cfg.score_chunks
     temp = cfg.sampling.temperature or 1.0
     N, P = ro.prompt_NxP.shape
@@ -251,6 +267,45 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
         body = lambda p, a: (p, score_rows(merge(p), *a))
         _, parts = jax.lax.scan(body, params, tuple(chunked(x, per) for x, per in args))
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
+
+    ref_logp = ref_ent = None
+    if cfg.reference_pass:
+        ref_logp, ref_ent = score(reference_params(state))
+    old_logp = score(jax.lax.stop_gradient(state.params))[0] if cfg.multi_update else None
+    return Scores(ref_logp, ref_ent, old_logp)
+
+
+def _scores_by_length(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> Scores:
+    """`no_gradient_passes` under rl.length_buckets = K: the rows sorted by completion length into score_chunks x K
+    chunks (`sorted_chunks`: interleaved, so a row-sharded batch keeps every device's share in every chunk), each
+    run at the smallest grid length that holds it; the results go back to the rollout's row order. A chunk's rows
+    come from any prompts: every prompt's forward once per chunk when there are fewer prompts than rows in it,
+    else each row with its own prompt."""
+    G, temp = cfg.group_size, cfg.sampling.temperature or 1.0
+    (N, P), (B, T) = ro.prompt_NxP.shape, ro.tokens_BxT.shape
+    C = cfg.score_chunks * cfg.length_buckets
+    grid = length_grid(T, cfg.length_buckets)
+    perm = sorted_chunks(jax.vmap(used_length)(ro.cmask_BxT[:, None, :]), C)
+    rows = lambda x: shd.constrain(x[perm], ("batch",) + (None,) * (x.ndim - 1))
+    chunked = lambda x: jnp.swapaxes(x.reshape(B // C, C, *x.shape[1:]), 0, 1)  # chunk c = rows c, c + C, ...
+    prompt_of = rows(jnp.arange(B) // G)
+    shared = cfg.share_prompt and N < B // C
+
+    def at_length(t, params, tokens, cmask, prompt_index):
+        model = merge(params)
+        if shared:
+            return grouped_logp_entropy(model, ro.prompt_NxP, ro.pmask_NxP, tokens[:, :t], cmask[:, :t],
+                                        cfg.logp_chunk, temp, prompt_index_B=prompt_index)
+        full = jnp.concatenate([ro.prompt_NxP[prompt_index], tokens[:, :t]], axis=1)
+        mask = jnp.concatenate([ro.pmask_NxP[prompt_index].astype(jnp.int32), cmask[:, :t]], axis=1)
+        return sequence_logp_entropy(model, full, mask, P, cfg.logp_chunk, temp)
+
+    def score(params):
+        body = lambda p, a: (p, bucketed(at_length, a[1], grid, p, *a))
+        args = tuple(chunked(x) for x in (rows(ro.tokens_BxT), rows(ro.cmask_BxT), prompt_of))
+        _, parts = jax.lax.scan(body, params, args)
+        inverse = jnp.argsort(perm)
+        return jax.lax.stop_gradient(tuple(jnp.swapaxes(y, 0, 1).reshape(B, T)[inverse] for y in parts))
 
     ref_logp = ref_ent = None
     if cfg.reference_pass:

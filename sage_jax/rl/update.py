@@ -32,7 +32,7 @@ from sage_jax import sharding as shd
 from sage_jax.models import lora as lora_lib
 from sage_jax.rl import guides, losses
 from sage_jax.rl.forward_kl import sequence_forward_kl
-from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy
+from sage_jax.policy.logprobs import bucketed, grouped_logp_entropy, length_grid, sequence_logp_entropy, used_length
 from sage_jax.policy.state import reference_params
 
 Array = jax.Array
@@ -144,12 +144,18 @@ class _Updates:
         self.cfg, self.merge, self.tx, self.lr_fn = cfg, merge, tx, lr_fn
         self.lora_dropout = state.frozen_params is not None
         self.k_guide = key  # update u's guide key: fold_in(key, u); the order's key is a stream of its own
-        self.rw = rw = update_order(ro, scores, cfg, jax.random.fold_in(key, 0x5EED))
+        rw = update_order(ro, scores, cfg, jax.random.fold_in(key, 0x5EED))
+        M, K = cfg.num_minibatches, cfg.length_buckets
+        # rl.length_buckets = K > 1: each micro-batch in K chunks, the minibatch's rows sorted by length, each chunk
+        # run at the smallest of K static lengths that holds it (policy/logprobs.bucketed): J x K micro-batches
+        self.J = cfg.grad_accum_steps * K
+        self.grid = length_grid(rw.tokens_BxT.shape[1], K)
+        self.rw = rw = rw if K == 1 else _by_length(rw, M)
         B, self.P = rw.tokens_BxT.shape[0], rw.prompt_BxP.shape[1]
         self.tokens = jnp.concatenate([rw.prompt_BxP, rw.tokens_BxT], axis=1)
         self.fmask = jnp.concatenate([rw.pmask_BxP.astype(jnp.int32), rw.cmask_BxT], axis=1)
         self.lmask = rw.lmask_BxT
-        M, J = cfg.num_minibatches, cfg.grad_accum_steps
+        J = self.J
         # dapo / cispo's normaliser: the whole generation batch's loss tokens for each of the M updates (TRL 0.23,
         # the reference code's version), or one update's share of them (TRL >= 1.x rescales to the window).
         self.dapo_tokens = self.lmask.sum() if cfg.dapo_normalizer == "generation" else self.lmask.sum() / M
@@ -157,7 +163,7 @@ class _Updates:
         self.rows = B // M // J  # rows of a micro-batch; micro-batch i = minibatch i // J, micro-batch i % J in it
         # Each prompt's forward once for its rows: micro-batches of whole groups, or (rows in any order) every
         # prompt once per micro-batch when there are no more prompts than rows in it (the official preset)
-        self.grouped = cfg.update_shuffle != "rows"
+        self.grouped = cfg.update_shuffle != "rows" and K == 1
         N, G = rw.prompt_NxP.shape[0], cfg.group_size
         self.share = cfg.share_prompt and (self.rows % G == 0 if self.grouped else N <= self.rows)
 
@@ -166,31 +172,41 @@ class _Updates:
         n = self.rows if n is None else n
         return None if x is None else jax.lax.dynamic_slice_in_dim(x, i * n, n, axis=0)
 
-    def forward(self, model, i, remat=None, grad=None):
-        """Policy log-probs and entropies of micro-batch i."""
+    def model(self, params, gkey=None):
+        """The policy from `params`; under LoRA dropout, keyed for this micro-batch (training forward only)."""
+        model = self.merge(params)
+        if gkey is not None and self.lora_dropout and model.lora_cfg.dropout > 0:
+            lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))
+        return model
+
+    def forward(self, params, i, gkey=None, remat=None, grad=None):
+        """Policy log-probs and entropies of micro-batch i, [R, T], at the smallest length of the grid that holds
+        its rows (the model is built inside, as an NNX transform in its blocks must be)."""
         cfg, rw, take = self.cfg, self.rw, self.take
         kw = dict(remat=cfg.remat if remat is None else remat,
                   entropy_grad=cfg.loss.entropy_coef > 0 if grad is None else grad)
         temp = cfg.sampling.temperature or 1.0
         tokens_BxT, cmask_BxT = take(rw.tokens_BxT, i), take(rw.cmask_BxT, i)
-        if self.share and self.grouped:
-            tp = lambda x: take(x, i, self.rows // cfg.group_size)
-            return grouped_logp_entropy(model, tp(rw.prompt_NxP), tp(rw.pmask_NxP), tokens_BxT, cmask_BxT,
-                                        cfg.logp_chunk, temp, **kw)
-        if self.share:
-            return grouped_logp_entropy(model, rw.prompt_NxP, rw.pmask_NxP, tokens_BxT, cmask_BxT, cfg.logp_chunk,
-                                        temp, prompt_index_B=take(rw.prompt_of_B, i), **kw)
-        return sequence_logp_entropy(model, take(self.tokens, i), take(self.fmask, i), self.P, cfg.logp_chunk, temp,
-                                     **kw)
+
+        def at_length(t, params):
+            model = self.model(params, gkey)
+            if self.share and self.grouped:
+                tp = lambda x: take(x, i, self.rows // cfg.group_size)
+                return grouped_logp_entropy(model, tp(rw.prompt_NxP), tp(rw.pmask_NxP), tokens_BxT[:, :t],
+                                            cmask_BxT[:, :t], cfg.logp_chunk, temp, **kw)
+            if self.share:
+                return grouped_logp_entropy(model, rw.prompt_NxP, rw.pmask_NxP, tokens_BxT[:, :t], cmask_BxT[:, :t],
+                                            cfg.logp_chunk, temp, prompt_index_B=take(rw.prompt_of_B, i), **kw)
+            return sequence_logp_entropy(model, take(self.tokens, i)[:, :self.P + t],
+                                         take(self.fmask, i)[:, :self.P + t], self.P, cfg.logp_chunk, temp, **kw)
+
+        return bucketed(at_length, cmask_BxT, self.grid, params)
 
     def loss(self, params, i, step, gkey, norm, selected):
         """Micro-batch i's loss (its share of the update's, under `norm`) and metrics."""
         cfg, rw, take = self.cfg, self.rw, self.take
-        model = self.merge(params)
-        if self.lora_dropout and model.lora_cfg.dropout > 0:
-            lora_lib.set_dropout_key(model, jax.random.fold_in(gkey, 0x10A))  # training forward only
         lm = take(self.lmask, i)
-        logp, ent = self.forward(model, i)
+        logp, ent = self.forward(params, i, gkey)
         sc = Scores(*(take(s, i) for s in rw.scores))
         inputs = guides.GuideInputs(mask_BxT=lm, step=step, max_steps=cfg.max_steps, key=gkey,
                                     entropy_BxT=jax.lax.stop_gradient(ent), logp_BxT=jax.lax.stop_gradient(logp),
@@ -198,7 +214,7 @@ class _Updates:
         log_q, q = cfg.guide.log_q(inputs)
         fkl = None
         if cfg.forward_kl:
-            fkl = sequence_forward_kl(model, self.merge(self.ref_params), take(self.tokens, i), take(self.fmask, i),
+            fkl = sequence_forward_kl(self.model(params, gkey), self.merge(self.ref_params), take(self.tokens, i), take(self.fmask, i),
                                       self.P, cfg.logp_chunk, cfg.sampling.temperature or 1.0, remat=cfg.remat)
         sampler_logp = take(rw.raw_logp_BxT, i)
         loss, m = losses.policy_loss(logp, sc.old_logp_BxT, sc.ref_logp_BxT, log_q, take(rw.adv_B, i), lm, cfg.loss,
@@ -216,18 +232,18 @@ class _Updates:
     def selection(self, params, i):
         """J > 1 with entropy_top_frac < 1: the minibatch's top-entropy tokens, from a no-gradient forward of
         its J micro-batches (at the update's params), as J = 1 chooses them from its one forward."""
-        J, frac = self.cfg.grad_accum_steps, self.cfg.loss.entropy_top_frac
+        J, frac = self.J, self.cfg.loss.entropy_top_frac
         if J == 1 or frac >= 1:
             return None
         # params as the scan's (unchanged) carry: the model is built inside the body (see rl.step's passes)
-        body = lambda p, j: (p, self.forward(self.merge(p), i * J + j, remat="none", grad=False)[1])
+        body = lambda p, j: (p, self.forward(p, i * J + j, remat="none", grad=False)[1])
         ent = jax.lax.stop_gradient(jax.lax.scan(body, params, jnp.arange(J))[1].reshape(self.rows * J, -1))
         return losses.top_entropy_tokens(ent, self.take(self.lmask, i, self.rows * J), frac)
 
     def apply(self, carry, u):
         """Update u: minibatch u mod M's gradient (summed over its J micro-batches), one optimizer step."""
         params, opt_state, step = carry
-        J, rows, M = self.cfg.grad_accum_steps, self.rows, self.cfg.num_minibatches
+        J, rows, M = self.J, self.rows, self.cfg.num_minibatches
         i = u % M
         gkey = jax.random.fold_in(self.k_guide, u)
         if J == 1:
@@ -252,7 +268,7 @@ class _Updates:
 
     def update(self, carry, u):
         """`apply`, or (no loss token in minibatch u mod M) no optimizer step at all, zero metrics."""
-        rows = self.rows * self.cfg.grad_accum_steps
+        rows = self.rows * self.J
         has_tokens = self.take(self.lmask, u % self.cfg.num_minibatches, rows).any()
         out_shape = jax.eval_shape(self.apply, carry, u)[1]
 
@@ -262,6 +278,19 @@ class _Updates:
 
         carry, m = jax.lax.cond(has_tokens, self.apply, skip, carry, u)
         return carry, {**m, "applied": has_tokens}
+
+
+def _by_length(rw: Rows, M: int) -> Rows:
+    """`rw` with each of its M minibatches' rows sorted by completion length, longest first (`used_length` per
+    row): which rows an update trains on is unchanged, only the order within it, which its loss does not see."""
+    B, T = rw.tokens_BxT.shape
+    length_B = jax.vmap(used_length)(rw.cmask_BxT[:, None, :])
+    perm = jnp.argsort((jnp.arange(B) // (B // M)) * (T + 1) + (T - length_B), stable=True)
+    rows = lambda x: None if x is None else shd.constrain(x[perm], ("batch",) + (None,) * (x.ndim - 1))
+    return rw._replace(tokens_BxT=rows(rw.tokens_BxT), cmask_BxT=rows(rw.cmask_BxT), lmask_BxT=rows(rw.lmask_BxT),
+                       raw_logp_BxT=rows(rw.raw_logp_BxT), adv_B=rows(rw.adv_B),
+                       scores=Scores(*(rows(x) for x in rw.scores)), prompt_BxP=rows(rw.prompt_BxP),
+                       pmask_BxP=rows(rw.pmask_BxP), prompt_of_B=rows(rw.prompt_of_B))
 
 
 def reduce_micro_batches(ms_j: dict[str, Array], tokens_J: Array) -> dict[str, Array]:
