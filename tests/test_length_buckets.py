@@ -73,18 +73,21 @@ def _step(buckets, **rl):
     return run(state, _rollout())
 
 
-@pytest.mark.parametrize("rl", [
-    # shared prompts, 2 updates (an `old` pass), the branch guide on the reference's entropy
-    dict(share_prompt=True, num_minibatches=2, guide=guides.make_guide("branch", source="ref"),
-         loss=losses.LossConfig(beta=0.04)),
+@pytest.mark.parametrize("K,rl", [
+    # shared prompts, 2 updates (an `old` pass), the branch guide on the reference's entropy; chunks of 2 rows
+    # hold fewer rows than there are prompts, so each row takes its own prompt
+    (4, dict(share_prompt=True, num_minibatches=2, guide=guides.make_guide("branch", source="ref"),
+             loss=losses.LossConfig(beta=0.04))),
+    # shared prompts, 2 iterations; chunks of 8 rows: every prompt's forward once per chunk, gathered per row
+    (2, dict(share_prompt=True, num_iterations=2, guide="branch", loss=losses.LossConfig(beta=0.04))),
     # repeated prompts, accumulation, token-level loss, the entropy selection over the whole update, a score chunk,
     # the branch guide on the policy's entropy (the token and random guides draw noise per position: not compared)
-    dict(share_prompt=False, grad_accum_steps=2, score_chunks=2, guide="branch",
-         loss=losses.LossConfig(beta=0.04, loss_type="dapo", entropy_top_frac=0.5)),
-], ids=["shared-branch_ref-M2", "repeated-branch-J2-dapo"])
-def test_bucketed_step_equals_the_padded_step(rl):
+    (2, dict(share_prompt=False, grad_accum_steps=2, score_chunks=2, guide="branch",
+             loss=losses.LossConfig(beta=0.04, loss_type="dapo", entropy_top_frac=0.5))),
+], ids=["shared-per-row-M2", "shared-gathered-iter2", "repeated-J2-dapo-top-entropy"])
+def test_bucketed_step_equals_the_padded_step(K, rl):
     ref_scores, ref_params, ref_m = _step(1, **rl)
-    got_scores, got_params, got_m = _step(4 if rl.get("grad_accum_steps", 1) == 1 else 2, **rl)
+    got_scores, got_params, got_m = _step(K, **rl)
     cmask = np.asarray(_rollout().cmask_BxT, bool)
     for name, a, b in zip(("ref_logp", "ref_entropy", "old_logp"), ref_scores, got_scores):
         assert (a is None) == (b is None), name

@@ -192,6 +192,24 @@ def test_legacy_rope_layout():
     assert old == new and old.rope_theta == 5e5 and old.rope_type == "llama3"
 
 
+def test_max_positions_count_rope_scaling():
+    """The positions a config allows, from transformers' semantics: unscaled, max_position_embeddings; linear
+    scaling stretches it by `factor`; a llama3-scaled config states its extended length, at least original x
+    factor. Beyond them, one line naming the fields and the limit."""
+    base = dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
+    assert ModelConfig.from_hf_dict(base).max_positions == 4096
+    linear = ModelConfig.from_hf_dict(dict(base, rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    assert linear.max_positions == 16384
+    llama3 = ModelConfig.from_hf_dict(dict(base, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024}))
+    assert llama3.max_positions == 8192
+    llama3.check_positions(8192, "a + b")
+    with pytest.raises(ConfigError, match=r"a \+ b = 8193 positions, beyond the model's 8192 \(RoPE llama3 x 8\)"):
+        llama3.check_positions(8193, "a + b")
+
+
 def test_hub_id_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError) as e:

@@ -201,7 +201,7 @@ def _popen(cmd, slow, err_path):
 def test_a_signal_saves_after_the_step_under_way_and_resumes(base, data_dir, tmp_path, sig, code):
     """SIGTERM (a preemption) or SIGINT (Ctrl-C) while step 2 waits 3 s on its reward, the main thread inside the
     step: the signal is reported at once, the save comes when that step ends (step 2, not one later), the exit is
-    0 / 130, and the rerun resumes there."""
+    0 / 130, and (SIGTERM) the rerun resumes there."""
     w, err = str(tmp_path / "sig"), str(tmp_path / "err.txt")
     proc = _popen(_cmd(w, base, data_dir, steps=8), 3.0, err)
     _wait_for(lambda: _steps_logged(w) >= 1, proc)
@@ -215,10 +215,10 @@ def test_a_signal_saves_after_the_step_under_way_and_resumes(base, data_dir, tmp
     assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == ["2"]
     assert [r["step"] for r in read_metrics(w)] == [1, 2]
     assert not os.path.exists(os.path.join(w, "export_hf"))  # a preempted run is not final
-    if sig == signal.SIGTERM:
+    if sig == signal.SIGTERM:  # the rerun (the same code path for both signals) resumes at the saved step
         assert json.loads(out.strip().splitlines()[-1])["preempted"]
-    again, _ = _run(_cmd(w, base, data_dir, steps=8))
-    assert again["start_step"] == 2 and again["end_step"] == 8
+        again, _ = _run(_cmd(w, base, data_dir, steps=8))
+        assert again["start_step"] == 2 and again["end_step"] == 8
 
 
 def test_a_second_signal_exits_at_once_without_saving(base, data_dir, tmp_path):
