@@ -120,10 +120,15 @@ def length_grid(T: int, buckets: int) -> tuple[int, ...]:
     return tuple(sorted({-(-T * k // buckets) for k in range(1, buckets + 1)}))
 
 
-def used_length(cmask_BxT: Array) -> Array:
-    """The completion positions the rows use: one past the last real token of any row (0 when there is none)."""
+def row_lengths(cmask_BxT: Array) -> Array:
+    """Each row's used completion positions, [B]: one past its last real token (0 when it has none)."""
     T = cmask_BxT.shape[1]
-    return jnp.max(jnp.where(cmask_BxT > 0, jnp.arange(1, T + 1), 0))
+    return jnp.max(jnp.where(cmask_BxT > 0, jnp.arange(1, T + 1), 0), axis=1)
+
+
+def used_length(cmask_BxT: Array) -> Array:
+    """The completion positions the rows use: the longest `row_lengths`."""
+    return row_lengths(cmask_BxT).max()
 
 
 def bucketed(fn, cmask_BxT: Array, grid: tuple[int, ...], *operands):

@@ -37,7 +37,7 @@ from sage_jax import sharding as shd
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
 from sage_jax.policy.logprobs import (bucketed, grouped_logp_entropy, length_grid, sequence_logp_entropy, sorted_chunks,
-                                      used_length)
+                                      row_lengths)
 from sage_jax.rl.rollout import Rollout, rollout
 from sage_jax.policy.state import TrainState, merge_policy, reference_params
 from sage_jax.rl.update import UPDATE_SHUFFLES, Scores, reduce_metrics, update_scan
@@ -285,7 +285,7 @@ def _scores_by_length(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> S
     (N, P), (B, T) = ro.prompt_NxP.shape, ro.tokens_BxT.shape
     C = cfg.score_chunks * cfg.length_buckets
     grid = length_grid(T, cfg.length_buckets)
-    perm = sorted_chunks(jax.vmap(used_length)(ro.cmask_BxT[:, None, :]), C)
+    perm = sorted_chunks(row_lengths(ro.cmask_BxT), C)
     rows = lambda x: shd.constrain(x[perm], ("batch",) + (None,) * (x.ndim - 1))
     chunked = lambda x: jnp.swapaxes(x.reshape(B // C, C, *x.shape[1:]), 0, 1)  # chunk c = rows c, c + C, ...
     prompt_of = rows(jnp.arange(B) // G)

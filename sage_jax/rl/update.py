@@ -32,7 +32,7 @@ from sage_jax import sharding as shd
 from sage_jax.models import lora as lora_lib
 from sage_jax.rl import guides, losses
 from sage_jax.rl.forward_kl import sequence_forward_kl
-from sage_jax.policy.logprobs import bucketed, grouped_logp_entropy, length_grid, sequence_logp_entropy, used_length
+from sage_jax.policy.logprobs import bucketed, grouped_logp_entropy, length_grid, row_lengths, sequence_logp_entropy
 from sage_jax.policy.state import reference_params
 
 Array = jax.Array
@@ -281,10 +281,10 @@ class _Updates:
 
 
 def _by_length(rw: Rows, M: int) -> Rows:
-    """`rw` with each of its M minibatches' rows sorted by completion length, longest first (`used_length` per
-    row): which rows an update trains on is unchanged, only the order within it, which its loss does not see."""
+    """`rw` with each of its M minibatches' rows sorted by completion length, longest first (`row_lengths`):
+    which rows an update trains on is unchanged, only the order within it, which its loss does not see."""
     B, T = rw.tokens_BxT.shape
-    length_B = jax.vmap(used_length)(rw.cmask_BxT[:, None, :])
+    length_B = row_lengths(rw.cmask_BxT)
     perm = jnp.argsort((jnp.arange(B) // (B // M)) * (T + 1) + (T - length_B), stable=True)
     rows = lambda x: None if x is None else shd.constrain(x[perm], ("batch",) + (None,) * (x.ndim - 1))
     return rw._replace(tokens_BxT=rows(rw.tokens_BxT), cmask_BxT=rows(rw.cmask_BxT), lmask_BxT=rows(rw.lmask_BxT),
