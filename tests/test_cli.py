@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from sage_jax.defaults import TINY_BASE
+from xla_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cli(workdir, *flags, config="configs/tiny.py"):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env()
     p = subprocess.run([sys.executable, "-m", "sage_jax.main", f"--config={config}", f"--workdir={workdir}",
                         "--config.logging.progress=False", "--config.logging.tensorboard=False", *flags],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from xla_env import subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multihost_worker.py")
@@ -29,8 +30,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict:
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-                TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess_env(devices, TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _start(tmp, nproc, pid, port, devices):

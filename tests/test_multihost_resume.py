@@ -1,8 +1,9 @@
 """The training loop under `jax.distributed`: two local processes (gloo CPU collectives on 127.0.0.1,
 2 fake devices each, one 4-device job) run `python -m sage_jax.main` on the tiny config, checkpoint
-at step 2 into one shared workdir (as a pod shares gs://), and a second 2-process run resumes it.
+at steps 2 and 4 into one shared workdir (as a pod shares gs://); a second 2-process run resumes a copy of
+that workdir as a preemption right after step 2 leaves it.
 
-The resumed run must equal an uninterrupted 2-process run of 4 steps bit for bit (metrics.jsonl
+The resumed run must equal the uninterrupted 2-process run of 4 steps bit for bit (metrics.jsonl
 without `perf/` keys, and the exported safetensors bytes). Bit-identity is expected, not just
 closeness: both runs are the same SPMD programs on the same 4-device mesh with the same
 partitioning, so every reduction (including gloo's cross-process all-reduce, whose order is fixed
@@ -15,6 +16,7 @@ inputs and the same RNG. Nothing in the step depends on wall time or on the proc
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import pytest
 
 from sage_jax.models.tiny import write_random_init
 from sage_jax.train.metric_writer import read_metrics
+from xla_env import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "train_worker.py")
@@ -71,7 +74,7 @@ def _cmd(workdir, base, data_dir, steps):
 
 def _env(port, pid):
     return dict(os.environ, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                JAX_PROCESS_ID=str(pid), JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                JAX_PROCESS_ID=str(pid), XLA_FLAGS=xla_flags(2), JAX_PLATFORMS="cpu",
                 TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1")
 
 
@@ -128,15 +131,22 @@ def test_two_process_checkpoint_resume_is_exact(base, data_dir, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     logdir = str(tmp_path)
 
-    first = _run2(b, base, data_dir, 2, logdir)
-    assert first["start_step"] == 0 and first["end_step"] == 2
-    assert "2" in os.listdir(os.path.join(b, "checkpoints"))
+    whole = _run2(a, base, data_dir, 4, logdir)
+    assert whole["start_step"] == 0 and whole["end_step"] == 4
+    assert sorted(os.listdir(os.path.join(a, "checkpoints"))) == ["2", "4"]
+
+    # b: that run as a preemption right after checkpoint 2 would have left it (metrics of steps 1-2, no later
+    # checkpoint, no export); the resumed 2-process run must continue it to a's steps 3-4 exactly.
+    shutil.copytree(a, b)
+    shutil.rmtree(os.path.join(b, "checkpoints", "4"))
+    shutil.rmtree(os.path.join(b, "export_hf"))
+    with open(os.path.join(a, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
+        f.writelines(lines[:2])
     assert [r["step"] for r in read_metrics(b)] == [1, 2]
     resumed = _run2(b, base, data_dir, 4, logdir)
     assert resumed["start_step"] == 2 and resumed["end_step"] == 4
-
-    whole = _run2(a, base, data_dir, 4, logdir)
-    assert whole["start_step"] == 0 and whole["end_step"] == 4
 
     ma, mb = read_metrics(a), read_metrics(b)
     assert [r["step"] for r in ma] == [r["step"] for r in mb] == [1, 2, 3, 4]  # one writer: no duplicate lines

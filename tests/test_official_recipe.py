@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from sage_jax import config_lib
+from xla_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = "tally0818/SAGE@c9b3b69a8f3d0200a19e67e61aaf57c2b9fe3ee0 + TRL 0.23 defaults"
@@ -204,8 +205,7 @@ def test_the_preset_code_path_end_to_end(tmp_path):
     from sage_jax.defaults import TINY_BASE
     _write_data(tmp_path / "manual")
     wd = tmp_path / "run"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env(HF_HUB_OFFLINE="1")
     flags = [f"--config.model.path={TINY_BASE}", f"--config.data.manual_dir={tmp_path / 'manual'}",
              f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.max_steps=2", "--config.eval_every=1",
              "--config.optim.learning_rate=0.0", "--config.data.max_prompt_tokens=320",
@@ -359,11 +359,10 @@ def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
     from sage_jax.models import hf, safetensors_io as st
     _write_data(tmp_path / "manual")
     _write_omr(tmp_path / "manual")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", PYTHON=sys.executable,
+    env = subprocess_env(HF_HUB_OFFLINE="1", PYTHON=sys.executable,
                SFT_FLAGS="--config.data.max_sft_tokens=400 --config.log_every=1",
                RL_FLAGS="--config.max_steps=1 --config.optim.learning_rate=0.0 --config.data.max_prompt_tokens=320 "
                         "--config.rollout.max_new_tokens=16")
-    env.pop("XLA_FLAGS", None)
     common = [f"--config.model.path={TINY_BASE}", f"--config.data.manual_dir={tmp_path / 'manual'}",
               f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.checkpoint_every=0",
               "--config.logging.progress=False", "--config.logging.tensorboard=False", "--config.rl.logp_chunk=64"]

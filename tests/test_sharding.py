@@ -30,6 +30,7 @@ import sys
 
 import numpy as np
 import pytest
+from xla_env import subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MESHES = ["8x1x1", "1x8x1", "2x2x2", "1x2x4"]
@@ -41,8 +42,7 @@ NOISE_METRICS = ("train/logp_diff_mean", "train/logp_diff_max")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharding")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="3")
+    env = subprocess_env(8, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sharding_worker.py"), str(out)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

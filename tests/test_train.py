@@ -12,6 +12,7 @@ import pytest
 
 from sage_jax.models.tiny import write_random_init
 from sage_jax.train.metric_writer import read_metrics
+from xla_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "train_worker.py")
@@ -38,9 +39,7 @@ def _cmd(workdir, base, data_dir, steps=6, reward="slow_exact_match", extra=()):
 
 
 def _env(slow):
-    env = dict(os.environ, SLOW_REWARD_S=str(slow), JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
-    return env
+    return subprocess_env(SLOW_REWARD_S=str(slow), PYTHONUNBUFFERED="1")
 
 
 def _run(cmd, slow=0.0, timeout=600):
@@ -254,9 +253,15 @@ def test_a_loss_that_turns_non_finite_stops_the_run(base, data_dir, tmp_path):
     assert not os.path.exists(os.path.join(w, "export_hf"))
 
 
-def test_corrupted_latest_checkpoint_is_skipped(base, data_dir, tmp_path):
-    w = str(tmp_path / "corrupt")
-    _run(_cmd(w, base, data_dir, steps=6, reward="exact_match"))
+def _copy_of(reference, tmp_path, name):
+    """A finished 6-step run (checkpoints 3 and 6) to damage, without training it again."""
+    w = str(tmp_path / name)
+    shutil.copytree(reference, w)
+    return w
+
+
+def test_corrupted_latest_checkpoint_is_skipped(reference, base, data_dir, tmp_path):
+    w = _copy_of(reference, tmp_path, "corrupt")
     latest = os.path.join(w, "checkpoints", "6")
     # Damage every data file of the latest step's state (as a crash mid-write on a non-atomic store would).
     for root, _, files in os.walk(os.path.join(latest, "state")):
@@ -264,38 +269,39 @@ def test_corrupted_latest_checkpoint_is_skipped(base, data_dir, tmp_path):
             p = os.path.join(root, f)
             with open(p, "r+b") as fh:
                 fh.truncate(max(0, os.path.getsize(p) // 3))
-    summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
+    summary, proc = _run(_cmd(w, base, data_dir, steps=7, extra=EVAL))
     assert summary["start_step"] == 3, proc.stderr[-2000:]
     assert "could not be restored" in proc.stderr
     # moved aside, so the rerun wrote a good step 6 where the bad one was; the next run resumes at 7
     assert os.listdir(os.path.join(w, "checkpoints.corrupt")) == ["6"]
     assert {"6", "7"} <= set(os.listdir(os.path.join(w, "checkpoints")))
-    summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
+    summary, proc = _run(_cmd(w, base, data_dir, steps=7, extra=EVAL))
     assert summary["start_step"] == 7 and "could not be restored" not in proc.stderr
     # unreadable metadata is damage too: moved aside, and step 7 written anew
     for root, _, files in os.walk(os.path.join(w, "checkpoints", "7", "meta")):
         for f in files:
             open(os.path.join(root, f), "w").write("{not json")
-    summary, proc = _run(_cmd(w, base, data_dir, steps=7, reward="exact_match"))
+    summary, proc = _run(_cmd(w, base, data_dir, steps=7, extra=EVAL))
     assert summary["start_step"] == 6 and "metadata at step 7" in proc.stderr, proc.stderr[-2000:]
     assert sorted(os.listdir(os.path.join(w, "checkpoints.corrupt"))) == ["6", "7"]
     assert "7" in os.listdir(os.path.join(w, "checkpoints"))
 
 
-def test_checkpoints_that_all_fail_to_restore_are_kept_and_refused(base, data_dir, tmp_path):
+def test_checkpoints_that_all_fail_to_restore_are_kept_and_refused(reference, base, data_dir, tmp_path):
     """No checkpoint restores (damaged, or another config's): one line, and nothing is moved or truncated."""
-    w = str(tmp_path / "all_bad")
-    _run(_cmd(w, base, data_dir, steps=3, reward="exact_match"))
-    for root, _, files in os.walk(os.path.join(w, "checkpoints", "3", "state")):
-        for f in files:
-            with open(os.path.join(root, f), "r+b") as fh:
-                fh.truncate(0)
+    w = _copy_of(reference, tmp_path, "all_bad")
+    for step in ("3", "6"):
+        for root, _, files in os.walk(os.path.join(w, "checkpoints", step, "state")):
+            for f in files:
+                with open(os.path.join(root, f), "r+b") as fh:
+                    fh.truncate(0)
     metrics = open(os.path.join(w, "metrics.jsonl")).read()
-    p = subprocess.run(_cmd(w, base, data_dir, steps=4, reward="exact_match"), env=_env(0), capture_output=True,
+    p = subprocess.run(_cmd(w, base, data_dir, steps=7, extra=EVAL), env=_env(0), capture_output=True,
                        text=True, timeout=300)
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-    assert p.returncode == 2 and len(err) == 1 and "none of the 1 checkpoint(s) restores" in err[0], p.stderr[-2000:]
-    assert os.listdir(os.path.join(w, "checkpoints")) == ["3"] and not os.path.exists(w + "/checkpoints.corrupt")
+    assert p.returncode == 2 and len(err) == 1 and "none of the 2 checkpoint(s) restores" in err[0], p.stderr[-2000:]
+    assert sorted(os.listdir(os.path.join(w, "checkpoints"))) == ["3", "6"]
+    assert not os.path.exists(w + "/checkpoints.corrupt")
     assert open(os.path.join(w, "metrics.jsonl")).read() == metrics
 
 
