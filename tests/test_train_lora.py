@@ -3,14 +3,14 @@ the base pointer refusing another LoRA shape, PEFT and merged exports that agree
 
 import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from test_train import (ROOT, WORKER, _cmd, _env, _run,  # noqa: F401  (base, data_dir: the module-scoped fixtures)
-                        _steps_logged, _strip_perf, _wait_for, base, data_dir)
+                        _strip_perf, base, data_dir)
 
 from sage_jax.train.metric_writer import read_metrics
 
@@ -43,18 +43,22 @@ def _state_leaf_paths(step_dir):
 
 @pytest.fixture(scope="module")
 def lora_runs(base, data_dir, tmp_path_factory):  # noqa: F811
-    """Run `a` uninterrupted for 6 steps; run `b` SIGKILLed after its step-3 checkpoint, then restarted."""
+    """Run `a` uninterrupted for 6 steps; `b` a copy of it as a SIGKILL after step 4 leaves it (the adapters-only
+    checkpoint 3, metrics of steps 1-4, no export: what tests/test_train.py's kills leave), then restarted."""
     root = tmp_path_factory.mktemp("lora_runs")
     a, b = str(root / "a"), str(root / "b")
     cmd = lambda w: _cmd(w, base, data_dir, steps=6, extra=["--config.checkpoint_every=3", *LORA])
     summary_a, _ = _run(cmd(a))
-    proc = subprocess.Popen(cmd(b), env=_env(0.5), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: _steps_logged(b) >= 4, proc)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = sorted(d for d in os.listdir(os.path.join(b, "checkpoints")) if d.isdigit())
+    shutil.copytree(a, b)
+    for name in ("checkpoints/6", "export_hf", "export_peft"):
+        shutil.rmtree(os.path.join(b, name))
+    with open(os.path.join(a, "metrics.jsonl")) as f:
+        lines = f.readlines()
+    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
+        f.writelines(lines[:4])
+    left = sorted(d for d in os.listdir(os.path.join(b, "checkpoints")) if d.isdigit())
     summary_b, _ = _run(cmd(b))
-    return dict(a=a, b=b, base=base, summary_a=summary_a, summary_b=summary_b, killed_at=killed_at)
+    return dict(a=a, b=b, base=base, summary_a=summary_a, summary_b=summary_b, left=left)
 
 
 def test_checkpoint_holds_only_adapters_and_the_base_pointer(lora_runs):
@@ -77,9 +81,9 @@ def test_checkpoint_holds_only_adapters_and_the_base_pointer(lora_runs):
     assert meta["lora"]["rank"] == 4 and tuple(meta["lora"]["targets"]) == ("q", "v", "up")
 
 
-def test_resume_after_sigkill_is_exact(lora_runs):
+def test_resume_from_a_mid_run_checkpoint_is_exact(lora_runs):
     a, b = lora_runs["a"], lora_runs["b"]
-    assert lora_runs["killed_at"] == ["3"]
+    assert lora_runs["left"] == ["3"]
     assert lora_runs["summary_b"]["start_step"] == 3 and lora_runs["summary_b"]["end_step"] == 6
     for name in ("export_hf/model.safetensors", "export_peft/adapter_model.safetensors"):
         with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
