@@ -29,8 +29,10 @@ demo: $(VENV)/.installed
 	$(PY) -m sage_jax.main --config=configs/tiny.py --workdir=$(WORKDIR) $(DEMO_ARGS)
 
 # Two workers, whole files each (a file's module fixtures are built once): most of the suite is single-threaded
-# XLA compilation, so this about halves the wall time on CI's 2 cores. PYTEST_ARGS="-n 0" runs it serially.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# XLA compilation, so this about halves the wall time on CI's 2 cores. Files go out heaviest first (the order
+# tests/conftest.py collects them in; xdist would otherwise reorder by test count). PYTEST_ARGS="-n 0" runs it
+# serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS) --durations=15 tests
 
