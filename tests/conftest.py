@@ -32,7 +32,7 @@ def x64():
     jax.config.update("jax_enable_x64", prev)
 
 
-# Longest first. The suite's wall clock on CI's 2 cores is set by how the two xdist workers share ~47 minutes of
+# Longest first. The suite's wall clock on CI's 2 cores is set by how the two xdist workers share ~50 minutes of
 # work: `make test` hands whole files out (--dist loadfile) in collection order (--no-loadscope-reorder; xdist's
 # default orders by test count, which put the 10-minute training-loop file last). These files take 40 s to
 # 10 min of worker time each (`--durations=0`, heaviest first); everything else, seconds, follows in file order.
