@@ -16,7 +16,6 @@ inputs and the same RNG. Nothing in the step depends on wall time or on the proc
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 
 import pytest
 
+from run_copies import preempted_copy
 from sage_jax.models.tiny import write_random_init
 from sage_jax.train.metric_writer import read_metrics
 from xla_env import xla_flags
@@ -137,13 +137,7 @@ def test_two_process_checkpoint_resume_is_exact(base, data_dir, tmp_path):
 
     # b: that run as a preemption right after checkpoint 2 would have left it (metrics of steps 1-2, no later
     # checkpoint, no export); the resumed 2-process run must continue it to a's steps 3-4 exactly.
-    shutil.copytree(a, b)
-    shutil.rmtree(os.path.join(b, "checkpoints", "4"))
-    shutil.rmtree(os.path.join(b, "export_hf"))
-    with open(os.path.join(a, "metrics.jsonl")) as f:
-        lines = f.readlines()
-    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
-        f.writelines(lines[:2])
+    preempted_copy(a, b, drop=("checkpoints/4", "export_hf"), keep_lines=2)
     assert [r["step"] for r in read_metrics(b)] == [1, 2]
     resumed = _run2(b, base, data_dir, 4, logdir)
     assert resumed["start_step"] == 2 and resumed["end_step"] == 4

@@ -12,6 +12,7 @@ import pytest
 
 from sage_jax.models.tiny import write_random_init
 from sage_jax.train.metric_writer import read_metrics
+from run_copies import preempted_copy
 from xla_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,13 +140,8 @@ def test_sigkill_before_the_final_evaluation_is_logged(reference, base, data_dir
 def test_restart_survives_a_cut_last_metrics_line(reference, base, data_dir, tmp_path):
     """A kill during a write leaves half a JSON line at the end of metrics.jsonl; the restart drops it."""
     b = str(tmp_path / "b")
-    shutil.copytree(reference, b)
-    shutil.rmtree(os.path.join(b, "checkpoints", "6"))
-    shutil.rmtree(os.path.join(b, "export_hf"))
-    with open(os.path.join(b, "metrics.jsonl")) as f:
-        lines = f.readlines()
-    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
-        f.writelines(lines[:4] + [lines[4][: len(lines[4]) // 2]])  # steps 1-4, then half of step 5's line
+    # steps 1-4, then half of step 5's line
+    preempted_copy(reference, b, drop=("checkpoints/6", "export_hf"), keep_lines=4, partial_next=True)
     summary_b, _ = _run(_cmd(b, base, data_dir, extra=EVAL))
     assert summary_b["start_step"] == 3
     _same_run(reference, b)

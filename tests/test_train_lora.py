@@ -3,12 +3,12 @@ the base pointer refusing another LoRA shape, PEFT and merged exports that agree
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from run_copies import preempted_copy
 from test_train import (ROOT, WORKER, _cmd, _env, _run,  # noqa: F401  (base, data_dir: the module-scoped fixtures)
                         _strip_perf, base, data_dir)
 
@@ -49,13 +49,7 @@ def lora_runs(base, data_dir, tmp_path_factory):  # noqa: F811
     a, b = str(root / "a"), str(root / "b")
     cmd = lambda w: _cmd(w, base, data_dir, steps=6, extra=["--config.checkpoint_every=3", *LORA])
     summary_a, _ = _run(cmd(a))
-    shutil.copytree(a, b)
-    for name in ("checkpoints/6", "export_hf", "export_peft"):
-        shutil.rmtree(os.path.join(b, name))
-    with open(os.path.join(a, "metrics.jsonl")) as f:
-        lines = f.readlines()
-    with open(os.path.join(b, "metrics.jsonl"), "w") as f:
-        f.writelines(lines[:4])
+    preempted_copy(a, b, drop=("checkpoints/6", "export_hf", "export_peft"), keep_lines=4)
     left = sorted(d for d in os.listdir(os.path.join(b, "checkpoints")) if d.isdigit())
     summary_b, _ = _run(cmd(b))
     return dict(a=a, b=b, base=base, summary_a=summary_a, summary_b=summary_b, left=left)
