@@ -344,7 +344,7 @@ def load_tokenizer(path: str):
     vocabulary: for the tiny char-level model that silently drops every space. A generic class is
     therefore loaded as exactly what tokenizer.json says.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # AutoTokenizer only when needed: it imports torch (~2.5 s)
     path = resolve_path(path)
     vocab_files = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
     if not any(os.path.isfile(os.path.join(path, f)) for f in vocab_files):
@@ -358,6 +358,7 @@ def load_tokenizer(path: str):
     try:
         if cls in _GENERIC_TOKENIZER_CLASSES and os.path.isfile(os.path.join(path, "tokenizer.json")):
             return PreTrainedTokenizerFast.from_pretrained(path)
+        from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"{path}: no usable tokenizer ({str(e).splitlines()[0]})") from None
