@@ -45,3 +45,22 @@ HEAVY_FIRST = ("test_train.py", "test_rl_step.py", "test_cli.py", "test_official
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))  # stable: order within a file kept
+
+
+@pytest.fixture(scope="session")
+def tiny_task_data_dir(tmp_path_factory):
+    """The TFDS copy of configs/tiny.py's task (`procedural_arithmetic`, config `strategies`, both splits),
+    prepared once for the whole suite (~11 s each time otherwise) and then only read. The xdist workers share
+    it: the first to take the lock prepares it, the others wait and reuse it."""
+    import fcntl
+
+    from sage_jax.data import builders
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above every worker's own
+    d = root / "shared_tiny_task_tfds"
+    with open(root / "shared_tiny_task_tfds.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for split in ("train", "test"):
+            builders.load_split("procedural_arithmetic", split, data_dir=str(d), config="strategies")
+    return str(d)

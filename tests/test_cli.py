@@ -26,12 +26,9 @@ def _cli(workdir, *flags, config="configs/tiny.py"):
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """The embedded task's TFDS copy, prepared once for the tests here that need it (about 20 s each)."""
-    from sage_jax.data import builders
-    d = str(tmp_path_factory.mktemp("tfds"))
-    builders.load_split("procedural_arithmetic", "train", data_dir=d, config="strategies")  # configs/tiny.py
-    return d
+def prepared(tiny_task_data_dir):
+    """The embedded task's TFDS copy (configs/tiny.py's), prepared once for the suite (conftest)."""
+    return tiny_task_data_dir
 
 
 @pytest.mark.parametrize("flags,words", [

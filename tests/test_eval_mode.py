@@ -10,7 +10,8 @@ from sage_jax.defaults import TINY_BASE
 from sage_jax.train import eval_mode, loop as train
 
 
-def _small(c):
+def _small(c, data_dir):
+    c.data.data_dir = data_dir  # configs/tiny.py's task, prepared once for the suite (conftest)
     c.data.batch_size = 4
     c.rollout.group_size = 4
     c.rollout.max_new_tokens = 24
@@ -20,14 +21,14 @@ def _small(c):
     return c
 
 
-def test_eval_hf_dir_and_run_dir(tmp_path, monkeypatch):
+def test_eval_hf_dir_and_run_dir(tmp_path, monkeypatch, tiny_task_data_dir):
     run_dir = str(tmp_path / "run")
-    c = _small(tiny_config())
+    c = _small(tiny_config(), tiny_task_data_dir)
     c.max_steps, c.checkpoint_every = 2, 2
     train.run(c, run_dir)
     assert eval_mode.is_run_dir(run_dir)
 
-    e = _small(tiny_config())
+    e = _small(tiny_config(), tiny_task_data_dir)
     e.mode = "eval"
     e.eval.models = ml_collections.ConfigDict({"base": TINY_BASE, "run": run_dir})
     e.eval.num_problems, e.eval.n, e.eval.max_new_tokens, e.eval.batch_size = 4, 4, 32, 16
@@ -54,7 +55,7 @@ def test_eval_hf_dir_and_run_dir(tmp_path, monkeypatch):
     assert json.loads(open(os.path.join(out, "eval", "results.json")).read())["models"] == json.loads(before)["models"]
 
 
-def test_hf_dirs_load_in_the_configured_dtypes(tmp_path, monkeypatch):
+def test_hf_dirs_load_in_the_configured_dtypes(tmp_path, monkeypatch, tiny_task_data_dir):
     """mode=eval loads an HF dir in the config's model.dtype / model.param_dtype (bf16 on a GPU runtime),
     float32 when called without them; a run dir keeps the dtypes it trained with."""
     import jax
@@ -75,7 +76,7 @@ def test_hf_dirs_load_in_the_configured_dtypes(tmp_path, monkeypatch):
         return real(path, dtype, mesh=mesh, param_dtype=param_dtype)
 
     monkeypatch.setattr(eval_mode, "load_policy", spy)
-    e = _small(tiny_config())
+    e = _small(tiny_config(), tiny_task_data_dir)
     e.mode = "eval"
     e.model.dtype = e.model.param_dtype = "bfloat16"
     e.eval.models = ml_collections.ConfigDict({"base": TINY_BASE})

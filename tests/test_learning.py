@@ -22,8 +22,9 @@ def tiny_config():
     return mod.get_config()
 
 
-def learning_run(workdir, seed=0, steps=40):
+def learning_run(workdir, seed=0, steps=40, data_dir=""):
     c = tiny_config()
+    c.data.data_dir = data_dir  # "" = DIR/tfds
     c.seed = seed
     c.max_steps = steps
     c.log_every = 1
@@ -37,8 +38,8 @@ def learning_run(workdir, seed=0, steps=40):
     return np.array([r["reward/reward_mean"] for r in read_metrics(workdir) if "reward/reward_mean" in r])
 
 
-def test_rl_raises_the_reward(tmp_path):
-    r = learning_run(str(tmp_path / "run"))
+def test_rl_raises_the_reward(tmp_path, tiny_task_data_dir):
+    r = learning_run(str(tmp_path / "run"), data_dir=tiny_task_data_dir)
     k = len(r) // 5
     first, last = r[:k].mean(), r[-k:].mean()
     assert len(r) == 40

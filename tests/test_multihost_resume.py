@@ -39,21 +39,9 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    # Prepared once, here: two processes preparing the same TFDS directory at once would race.
-    import importlib.util
-
-    from sage_jax import config_lib
-    from sage_jax.train import data as train_data
-    d = str(tmp_path_factory.mktemp("tfds"))
-    loader = importlib.util.spec_from_file_location("tiny_cfg", os.path.join(ROOT, "configs", "tiny.py"))
-    mod = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(mod)
-    c = mod.get_config()
-    c.data.data_dir = d
-    spec = config_lib.resolve(c, num_devices=1)
-    train_data.data_source(spec.data, d, spec.data.train_split)
-    return d
+def data_dir(tiny_task_data_dir):
+    # Prepared before the processes start (conftest): two processes preparing one TFDS directory would race.
+    return tiny_task_data_dir
 
 
 def _free_port() -> int:

@@ -25,8 +25,8 @@ def base(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("tfds"))
+def data_dir(tiny_task_data_dir):
+    return tiny_task_data_dir  # prepared once for the suite (conftest)
 
 
 def _cmd(workdir, base, data_dir, steps=6, reward="slow_exact_match", extra=()):
