@@ -32,6 +32,13 @@ COMMAND = "python -m sage_jax.main --config=configs/tiny.py --workdir=DIR --conf
 KS = (1, 2, 4, 8, 16, 32)
 
 
+def _commit() -> str:
+    """The checked-out commit the numbers come from, with "+dirty" when tracked files differ from it."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    head = git("rev-parse", "HEAD")
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def _run(cmd: list[str], log: Path) -> float:
     t = time.perf_counter()
     with open(log, "w") as f:
@@ -120,6 +127,13 @@ def render(res: dict) -> str:
         out.append(f"| {s} | {r['before']['pass@1']['mean']:.3f} | {r['after']['pass@1']['mean']:.3f} | "
                    f"{_ci(r['gain']['pass@1'])} | {_ci(r['gain']['pass@32'])} | "
                    f"{r['train_reward_first_fifth']:.3f} / {r['train_reward_last_fifth']:.3f} | {r['wall_s'] / 60:.1f} min |")
+    after = [res["seeds"][s]["after"]["pass@1"]["mean"] for s in seeds]
+    gain_lo = min(res["seeds"][s]["gain"]["pass@1"]["lo"] for s in seeds)
+    out += ["", f"What a rerun should give: 200 float32 RL steps amplify rounding, so another machine, BLAS or "
+            f"commit follows another trajectory from the same seed, as another seed does. Expect held-out pass@1 "
+            f"after RL in about the seeds' range ({min(after):.3f} to {max(after):.3f} here) and a gain whose 95% "
+            f"CI excludes 0 (the lowest lower bound here: {gain_lo:.3f}); a gain whose CI includes 0 is a failure "
+            f"worth reporting. Measured at commit `{res['commit'][:12]}` with `{res['command']}`."]
     lv = r0["pass@1_by_level"]
     out += ["", "pass@1 by number of operands (seed " + seeds[0] + "; 6 operands never appear in the base's SFT data): "
             + ", ".join(f"{k}: {lv['before'][k]:.3f} -> {lv['after'][k]:.3f}" for k in lv["before"]) + "."]
@@ -163,7 +177,7 @@ def main() -> None:
     data_dir = str(work / "tfds")
     levels = _levels(data_dir)
     res = {"command": COMMAND, "config": "configs/tiny.py", "date": time.strftime("%Y-%m-%d"),
-           "machine": f"{os.cpu_count()}-core CPU", "seeds": {}}
+           "machine": f"{os.cpu_count()}-core CPU", "commit": _commit(), "seeds": {}}
     py = sys.executable
     for s in a.seeds:
         wd = work / f"seed{s}"
