@@ -38,8 +38,15 @@ def test_tiny_config_expected_line_is_the_demo_results():
 
 
 def test_demo_results_are_self_consistent():
-    """The gains in the file are after - before of the same file (paired means), per seed."""
+    """The gains in the file are after - before of the same file (paired means), per seed; the file names the
+    commit it was measured at, a clean checkout of this history."""
+    import re
+    import subprocess
     results = json.loads(open(os.path.join(ROOT, "experiments/demo/results.json")).read())
+    assert re.fullmatch(r"[0-9a-f]{40}", results["commit"]), results["commit"]  # "+dirty": not a checkout
+    if os.path.isdir(os.path.join(ROOT, ".git")):
+        p = subprocess.run(["git", "merge-base", "--is-ancestor", results["commit"], "HEAD"], cwd=ROOT)
+        assert p.returncode == 0, f"{results['commit']} is not in this checkout's history"
     for seed, r in results["seeds"].items():
         for k, g in r["gain"].items():
             assert abs(g["mean"] - (r["after"][k]["mean"] - r["before"][k]["mean"])) < 1e-9, (seed, k)
