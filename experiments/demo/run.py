@@ -40,10 +40,13 @@ def _commit() -> str:
 
 
 def _run(cmd: list[str], log: Path) -> float:
+    """Runs `cmd` into `log`; its wall clock is kept beside the log (`<log>.wall_s`) for a later invocation."""
     t = time.perf_counter()
     with open(log, "w") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    Path(f"{log}.wall_s").write_text(f"{wall:.1f}\n")
+    return wall
 
 
 def _levels(data_dir: str) -> dict[str, int]:
@@ -145,7 +148,8 @@ def render(res: dict) -> str:
         out += ["", f"The shipped base at n = {b['n']} on all {b['num_problems']} held-out problems: pass@1 "
                 f"{b['pass@k']['pass@1']['mean']:.3f}, pass@{b['n']} {top:.3f}; "
                 f"{b['never_solved']:.1%} of the problems are never solved and {b['solved_at_most_2']:.1%} at most twice "
-                f"in {b['n']} samples (share solved at most twice, by operands: {lv})."]
+                f"in {b['n']} samples (share solved at most twice, by operands: {lv}); measured at commit "
+                f"`{(b.get('commit') or 'not recorded')[:12]}`."]
     return "\n".join(out)
 
 
@@ -166,7 +170,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--work", default="/tmp/sage_jax_demo_study")
-    ap.add_argument("--no-base", action="store_true", help="skip the base at n = 256")
+    ap.add_argument("--no-base", action="store_true",
+                    help="skip the base at n = 256 (results.json keeps its previous base_n256, with that run's commit)")
     ap.add_argument("--render", action="store_true", help="only re-render results.md and the README block")
     a = ap.parse_args()
     if a.render:
@@ -180,7 +185,10 @@ def main() -> None:
            "machine": f"{os.cpu_count()}-core CPU", "commit": _commit(), "seeds": {}}
     py = sys.executable
     for s in a.seeds:
-        wd = work / f"seed{s}"
+        wd, wall_file = work / f"seed{s}", work / f"seed{s}.log.wall_s"
+        if (wd / "export_hf").exists() and wall_file.exists():  # finished by an earlier invocation: reused
+            res["seeds"][str(s)] = seed_result(wd, float(wall_file.read_text()), levels)
+            continue
         if (wd / "export_hf").exists():
             raise SystemExit(f"{wd} holds a finished run; use another --work (its wall time would not be measured)")
         print(f"seed {s}: {COMMAND.replace('DIR', str(wd)).replace('=S', f'={s}')}", flush=True)
@@ -194,7 +202,10 @@ def main() -> None:
         _run([py, "-m", "sage_jax.main", "--config=configs/tiny.py", f"--workdir={wd}", "--config.mode=eval",
               "--config.eval.n=256", "--config.eval.batch_size=512", f"--config.data.data_dir={data_dir}",
               "--config.logging.progress=False"], work / "base_n256.log")
-        res["base_n256"] = base_result(wd, levels)
+        res["base_n256"] = dict(base_result(wd, levels), commit=res["commit"])
+    elif RESULTS.exists() and "base_n256" in json.loads(RESULTS.read_text()):
+        prev = json.loads(RESULTS.read_text())
+        res["base_n256"] = dict(prev["base_n256"], commit=prev["base_n256"].get("commit", prev.get("commit")))
     write_outputs(res)
     print(render(res))
 
