@@ -9,7 +9,7 @@ correct and two wrong procedures, experiments/tiny_base/), samples 8 completions
 problems per step (3-6 operands), rewards exact matches of the final \\boxed{} answer, and trains 200 steps
 with GRPO + the branch guide (beta 0.05). It evaluates every held-out problem (32 samples) before and after
 and prints the gain with paired 95% CIs; DIR/run.png plots the reward and pass@k curves.
-Expected: held-out pass@1 0.347 -> 0.470 (gain 0.124 [0.107, 0.139]), from experiments/demo/results.json.
+Expected: held-out pass@1 0.347 -> 0.466 (gain 0.119 [0.102, 0.135]), from experiments/demo/results.json.
 Variants: `:grpo` (guide none), `:branch`, `:token`, `:random`.
 """
 
