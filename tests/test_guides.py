@@ -304,6 +304,12 @@ def test_guide_metrics():
     np.testing.assert_allclose(float(met["q_max"]), 1.2)
     np.testing.assert_allclose(float(met["q_min"]), 0.7)
     np.testing.assert_allclose(float(met["frac_shaped"]), 0.5)
+    # shares of the 4 real tokens: first tokens (1.0, 1.0) none shaped; later 1.2, 0.7 shaped (9.0 is padding)
+    np.testing.assert_allclose(float(met["frac_shaped_first"]), 0.0)
+    np.testing.assert_allclose(float(met["frac_shaped_later"]), 2 / 4)
+    met = guides.guide_metrics(jnp.array([[1.3, 1.0, 1.0], [1.0, 1.0, 0.9]]), jnp.ones((2, 3), bool))
+    np.testing.assert_allclose([float(met[k]) for k in ("frac_shaped", "frac_shaped_first", "frac_shaped_later")],
+                               [2 / 6, 1 / 6, 1 / 6])
 
 
 def test_compute_log_q_stops_gradient():

@@ -323,15 +323,22 @@ def compute_log_q(
 
 
 def guide_metrics(q_BxT: Array, mask_BxT: Array) -> dict[str, Array]:
-    """Summaries over real tokens: mean / min / max of q and the fraction with q != 1."""
+    """Summaries over real tokens: mean / min / max of q, the fraction with q != 1, and that fraction split by
+    where the shaped tokens sit: the completion's first token (the testbed's fork: which procedure to follow) and
+    the tokens after it. Both parts are shares of all real tokens (they sum to frac_shaped), so they average
+    over micro-batches and length buckets as frac_shaped does; the share of first tokens that are shaped is
+    frac_shaped_first x real tokens per completion."""
     m = mask_BxT.astype(bool)
     q = jax.lax.stop_gradient(q_BxT)
     mf = m.astype(q.dtype)
     n = jnp.maximum(mf.sum(), 1.0)
+    shaped = mf * (q != 1.0)
     return {
         "q_mean": (mf * q).sum() / n,
         # A batch with no real token reports 1 (the value q takes on padding).
         "q_min": jnp.where(m.any(), jnp.min(jnp.where(m, q, jnp.inf)), 1.0),
         "q_max": jnp.where(m.any(), jnp.max(jnp.where(m, q, -jnp.inf)), 1.0),
-        "frac_shaped": (mf * (q != 1.0)).sum() / n,
+        "frac_shaped": shaped.sum() / n,
+        "frac_shaped_first": shaped[:, :1].sum() / n,
+        "frac_shaped_later": shaped[:, 1:].sum() / n,
     }

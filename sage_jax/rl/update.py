@@ -83,6 +83,8 @@ METRIC_REDUCTION = {
     "q_min": (jnp.min, jnp.min, "sage"),
     "q_max": (jnp.max, jnp.max, "sage"),
     "frac_shaped": (jnp.mean, jnp.mean, "sage"),
+    "frac_shaped_first": (jnp.mean, jnp.mean, "sage"),
+    "frac_shaped_later": (jnp.mean, jnp.mean, "sage"),
 }
 _DEFAULT_REDUCTION = (jnp.mean, jnp.mean, "train")
 
