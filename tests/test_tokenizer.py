@@ -102,6 +102,29 @@ def test_misread_export_is_detected(tmp_path, caplog):
     assert any("Qwen2Tokenizer" in r.getMessage() for r in caplog.records)
 
 
+def test_the_auto_tokenizer_verdict_is_remembered_per_content(tmp_path, caplog, monkeypatch):
+    """A second export of the same tokenizer files does not load AutoTokenizer again (it imports torch where
+    torch is installed: ~4 s per export) and repeats a remembered warning, naming its own directory; other
+    tokenizer files are checked anew."""
+    monkeypatch.setenv("SAGE_JAX_CACHE", str(tmp_path / "cache"))
+    cfg = tiny_config(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    calls = []
+    real = hf.auto_tokenizer_mismatch
+    monkeypatch.setattr(hf, "auto_tokenizer_mismatch", lambda path: calls.append(path) or real(path))
+    with caplog.at_level("WARNING", logger="sage_jax.models.hf"):
+        for name in ("a", "b"):
+            hf.save(model, cfg, str(tmp_path / name), tokenizer=_old_word_level_tokenizer())
+    assert calls == [str(tmp_path / "a")]
+    warned = [r.getMessage() for r in caplog.records if "Qwen2Tokenizer" in r.getMessage()]
+    assert len(warned) == 2 and str(tmp_path / "b") in warned[1] and str(tmp_path / "a") not in warned[1]
+    hf.save(model, cfg, str(tmp_path / "c"), tokenizer=char_tokenizer())  # other files: checked, and fine
+    assert calls == [str(tmp_path / "a"), str(tmp_path / "c")]
+    (tmp_path / "cache" / "auto_tokenizer_checks.json").write_text("{damaged")  # a damaged cache: check again
+    hf.save(model, cfg, str(tmp_path / "d"), tokenizer=char_tokenizer())
+    assert calls[-1] == str(tmp_path / "d")
+
+
 @pytest.mark.parametrize("which", ["shipped", "export"])
 def test_transformers_greedy_generate_matches_our_sampler(which, tmp_path):
     """The shipped base, and a fresh export of it (what a run's export_hf holds), through AutoTokenizer +
