@@ -26,15 +26,16 @@ def batch():
     return dict(prompt=jnp.asarray(p), prompt_mask=jnp.asarray(m), answer=jnp.asarray(encode_answers(TOK, ANSWERS, 8)))
 
 
-def setup(reward_fn=count_ones, seed=0, lr=1e-3, tx=None, decoder_remat="none", **rl):
+def setup(reward_fn=count_ones, seed=0, lr=1e-3, tx=None, decoder_remat="none", num_layers=1, **rl):
     """(cfg, graphdef, state, jitted step); `tx`: an optax optimizer in place of AdamW at `lr`;
-    `decoder_remat`: the Decoder's own remat (in the graphdef, so every pass of the step sees it)."""
+    `decoder_remat`: the Decoder's own remat (in the graphdef, so every pass of the step sees it). One layer by
+    default: the step's phases, not depth, are under test, and a second layer costs ~50% more compile time."""
     rl.setdefault("group_size", 4)
     rl.setdefault("sampling", SamplingConfig(max_new_tokens=16, eos_ids=(2,), pad_id=0,
                                                   decode_segments=2))  # segmented, at less compile time
     rl.setdefault("loss", losses.LossConfig(beta=0.04))
     cfg = R.RLConfig(**rl)
-    model = Decoder(tiny_config(hidden_size=64, num_layers=2), rngs=nnx.Rngs(seed), remat=decoder_remat)
+    model = Decoder(tiny_config(hidden_size=64, num_layers=num_layers), rngs=nnx.Rngs(seed), remat=decoder_remat)
     if tx is None:
         tx, lr_fn = optim.make_optimizer(optim.OptimConfig(learning_rate=lr))
     else:

@@ -33,7 +33,7 @@ LR = 1e-3
 
 
 def make_model():
-    return Decoder(tiny_config(hidden_size=64, num_layers=2), rngs=nnx.Rngs(0))
+    return Decoder(tiny_config(hidden_size=64, num_layers=1), rngs=nnx.Rngs(0))  # one layer: as rl_fixtures
 
 
 def parts():

@@ -21,7 +21,8 @@ WORKER = os.path.join(ROOT, "tests", "train_worker.py")
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    return write_random_init(str(tmp_path_factory.mktemp("init") / "tiny"), seed=0)
+    # one layer: the loop's machinery is under test, not what it learns (a third less time per run)
+    return write_random_init(str(tmp_path_factory.mktemp("init") / "tiny"), seed=0, num_layers=1)
 
 
 @pytest.fixture(scope="module")

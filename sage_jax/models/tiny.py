@@ -56,12 +56,12 @@ def tiny_config(hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
                        bos_token_id=None, eos_token_ids=(2,), pad_token_id=0)
 
 
-def write_random_init(out_dir: str, seed: int = 0) -> str:
-    """A random-init tiny Qwen2 + char tokenizer in HF format: the starting point of its SFT."""
+def write_random_init(out_dir: str, seed: int = 0, num_layers: int = 4) -> str:
+    """A random-init tiny Qwen2 + char tokenizer in HF format: the starting point of its SFT. Tests that exercise
+    the training loop's machinery, not what it learns, take one layer (a quarter of the program to compile)."""
     from flax import nnx
 
-
-    cfg = tiny_config()
+    cfg = tiny_config(num_layers=num_layers)
     return hf.save(Decoder(cfg, rngs=nnx.Rngs(seed)), cfg, out_dir, tokenizer=char_tokenizer())
 
 
