@@ -194,43 +194,6 @@ def _write_data(manual):
                     "subject": "x", "level": 1}) + "\n" for a in range(2, 6)))
 
 
-def test_the_preset_code_path_end_to_end(tmp_path):
-    """The preset's exact code path on the shipped tiny model, a few steps at lr 0: LoRA on a bf16 base,
-    min_p, 2 updates per generation batch, the stop string, the official reward, TIS, remat and in-training
-    evaluation on locally prepared benchmark files. At lr 0 every update's ratio is exactly 1."""
-    import json
-    import subprocess
-    import sys
-
-    from sage_jax.defaults import TINY_BASE
-    _write_data(tmp_path / "manual")
-    wd = tmp_path / "run"
-    env = subprocess_env(HF_HUB_OFFLINE="1")
-    flags = [f"--config.model.path={TINY_BASE}", f"--config.data.manual_dir={tmp_path / 'manual'}",
-             f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.max_steps=2", "--config.eval_every=1",
-             "--config.optim.learning_rate=0.0", "--config.data.max_prompt_tokens=320",
-             "--config.rollout.max_new_tokens=24", "--config.eval.max_new_tokens=24", "--config.eval.n=2",
-             "--config.eval.batch_size=8", "--config.eval.benchmarks=math500:test", "--config.rl.logp_chunk=64",
-             "--config.checkpoint_every=0", "--config.logging.progress=False", "--config.logging.tensorboard=False"]
-    p = subprocess.run([sys.executable, "-m", "sage_jax.main", "--config=configs/sage_official.py",
-                        f"--workdir={wd}", *flags], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-4000:]
-    rows = [json.loads(ln) for ln in (wd / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    train = [r for r in rows if "train/ratio_mean" in r]
-    assert len(train) == 2
-    for r in train:
-        assert r["train/ratio_mean"] == 1.0 and r["train/clip_low"] == 0.0 and r["train/clip_high"] == 0.0
-        assert abs(r["train/is_weight_mean"] - 1.0) < 0.05  # bf16 sampler vs bf16 trainer: numerics only
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
-    assert [r["step"] for r in evals] == [1, 2], [r.get("step") for r in evals]
-    assert "eval/pass@1" in evals[0] and "eval/pass@2" in evals[1], sorted(evals[0])
-    res = json.loads((wd / "eval" / "results.json").read_text())
-    assert sorted(res["models"]) == ["step_1", "step_2"]
-    assert all(len(next(iter(m["benchmarks"].values()))["problems"]) == 4 for m in res["models"].values())
-    cfg = json.loads((wd / "run_config.json").read_text())
-    assert cfg["rollout"]["stop_strings"] == ["</SOLUTION>"] and cfg["model"]["lora"]["rank"] == 8
-
-
 # The official evaluation (configs/eval_config.yaml generation:, src/data/loaders.py), same commit.
 OFFICIAL_EVAL = {
     "k": 64, "temperature": 0.3, "top_p": 0.95, "max_new_tokens": 6144, "eval_limit": None,
@@ -349,7 +312,11 @@ def _write_omr(manual):
 def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
     """scripts/sage_official_qwen_math.sh on the shipped tiny model: the SFT stage (numeric filter, long rows
     dropped and counted, 2 epochs, loss on every token) then RL at lr 0 from its adapter: RL's exported
-    adapter is the SFT's, bit for bit, and the KL to the reference (the raw base) is not 0."""
+    adapter is the SFT's, bit for bit, and the KL to the reference (the raw base) is not 0.
+
+    The RL stage is also the preset's exact code path, 2 steps at lr 0: LoRA on a bf16 base, min_p, 2 updates
+    per generation batch, the stop string, the official reward, TIS, remat and in-training evaluation on locally
+    prepared benchmark files. At lr 0 every update's ratio is exactly 1."""
     import json
     import subprocess
     import sys
@@ -361,8 +328,9 @@ def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
     _write_omr(tmp_path / "manual")
     env = subprocess_env(HF_HUB_OFFLINE="1", PYTHON=sys.executable,
                SFT_FLAGS="--config.data.max_sft_tokens=400 --config.log_every=1",
-               RL_FLAGS="--config.max_steps=1 --config.optim.learning_rate=0.0 --config.data.max_prompt_tokens=320 "
-                        "--config.rollout.max_new_tokens=16")
+               RL_FLAGS="--config.max_steps=2 --config.optim.learning_rate=0.0 --config.data.max_prompt_tokens=320 "
+                        "--config.rollout.max_new_tokens=24 --config.eval_every=1 --config.eval.max_new_tokens=24 "
+                        "--config.eval.n=2 --config.eval.batch_size=8 --config.eval.benchmarks=math500:test")
     common = [f"--config.model.path={TINY_BASE}", f"--config.data.manual_dir={tmp_path / 'manual'}",
               f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.checkpoint_every=0",
               "--config.logging.progress=False", "--config.logging.tensorboard=False", "--config.rl.logp_chunk=64"]
@@ -380,7 +348,18 @@ def test_sft_then_rl_chain_continues_the_adapter(tmp_path):
             for a in range(1, 4)}
     assert {r["train/tokens"] for r in train} <= {n - 1 for n in full}  # every token after the first is a target
     rl_rows = [json.loads(x) for x in (tmp_path / "w" / "rl" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train/kl"] > 0 for r in rl_rows if "train/kl" in r] == [True]
+    assert [r["train/kl"] > 0 for r in rl_rows if "train/kl" in r] == [True, True]
+    for r in [r for r in rl_rows if "train/ratio_mean" in r]:  # the preset's path at lr 0
+        assert r["train/ratio_mean"] == 1.0 and r["train/clip_low"] == 0.0 and r["train/clip_high"] == 0.0
+        assert abs(r["train/is_weight_mean"] - 1.0) < 0.05  # bf16 sampler vs bf16 trainer: numerics only
+    evals = [r for r in rl_rows if any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in evals] == [1, 2], [r.get("step") for r in evals]
+    assert "eval/pass@1" in evals[0] and "eval/pass@2" in evals[1], sorted(evals[0])
+    res = json.loads((tmp_path / "w" / "rl" / "eval" / "results.json").read_text())
+    assert sorted(res["models"]) == ["step_1", "step_2"]
+    assert all(len(next(iter(m["benchmarks"].values()))["problems"]) == 4 for m in res["models"].values())
+    cfg = json.loads((tmp_path / "w" / "rl" / "run_config.json").read_text())
+    assert cfg["rollout"]["stop_strings"] == ["</SOLUTION>"] and cfg["model"]["lora"]["rank"] == 8
     a = st.SafetensorsFile(str(tmp_path / "w" / "sft" / "export_peft" / hf.ADAPTER_FILE))
     b = st.SafetensorsFile(str(tmp_path / "w" / "rl" / "export_peft" / hf.ADAPTER_FILE))
     assert sorted(a.keys()) == sorted(b.keys()) and len(a.keys()) % 14 == 0  # A, B x 7 targets per layer

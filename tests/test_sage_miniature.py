@@ -28,19 +28,19 @@ PROCEDURES = ("rule", "terms", "left", "right")
 POWER_HEADING = "### Power of the undecided comparisons"
 
 
-def _run(out: Path) -> tuple[str, float]:
+def _run(out: Path, data_dir: str) -> tuple[str, float]:
     t0 = time.time()
     env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
-    p = subprocess.run([sys.executable, str(RUN), "--quick", "--out", str(out)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run([sys.executable, str(RUN), "--quick", "--out", str(out), "--data-dir", data_dir], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p.stdout + p.stderr, time.time() - t0
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, tiny_task_data_dir):
     out = tmp_path_factory.mktemp("sage_miniature") / "out"
-    log, wall = _run(out)
+    log, wall = _run(out, tiny_task_data_dir)  # the suite's prepared copy of the task (conftest)
     return out, log, wall
 
 
@@ -232,7 +232,7 @@ def test_claims_read_metrics_the_report_keeps():
     assert {"distinct_correct_strategies", "share/terms"} <= stats.claim_metrics()
 
 
-def test_second_invocation_skips_finished_work(study):
+def test_second_invocation_skips_finished_work(study, tiny_task_data_dir):
     out, _, first_wall = study
     files = ["results.json", "results.md", "calibration.json", "pass_at_k.png", "training_curves.png",
              "entropy_hist.png"]
@@ -240,7 +240,7 @@ def test_second_invocation_skips_finished_work(study):
     markers = {p: p.stat().st_mtime_ns for p in (out / "work").rglob("*") if p.name in ("done.json", "metrics.jsonl")
                or p.suffix == ".log"}
     assert len(markers) >= 7
-    log, wall = _run(out)
+    log, wall = _run(out, tiny_task_data_dir)
     assert "0 of 6 jobs to run" in log
     assert wall < max(60.0, first_wall / 2)
     assert {f: (out / f).read_bytes() for f in files} == before

@@ -4,6 +4,7 @@
     python experiments/sage_miniature/run.py --dry-run       # the plan and the time estimate, nothing run
     python experiments/sage_miniature/run.py --core          # the counted claims only, 2 seeds (about 65 minutes)
     python experiments/sage_miniature/run.py --quick --out /tmp/sage_mini_quick   # the pipeline, a few minutes
+    python experiments/sage_miniature/run.py --evidence --work DIR   # issue 39's 7-seed study (about 5 hours)
 
 Stages, each job in its own process (`worker.py`), at most `--jobs` at a time (each pinned to one core):
 calibrate (entropy of the base on validation problems -> branch threshold) -> train every (method, seed)
@@ -31,6 +32,7 @@ from experiments.sage_miniature import methods as M  # noqa: E402
 from experiments.sage_miniature.worker import BENCH, REPO  # noqa: E402
 
 DEFAULT_OUT = HERE / "results"
+EVIDENCE_OUT = HERE / "evidence"
 README = HERE / "README.md"
 TINY_BASE = os.path.join(REPO, "sage_jax", "assets", "tiny_base")
 
@@ -64,9 +66,10 @@ def _threshold(work: Path) -> float:
     return float(_json(work / "calibration.json")["threshold"])
 
 
-def plan_study(b: M.Budget, work: Path, mode: str) -> tuple[dict, list[Task]]:
-    """The methods x seeds grid and the jobs that produce it."""
-    data_dir = str(work / "tfds")
+def plan_study(b: M.Budget, work: Path, mode: str, data_dir: str | None = None) -> tuple[dict, list[Task]]:
+    """The methods x seeds grid and the jobs that produce it; `data_dir`: where the task's TFDS copy is (or is
+    prepared: by default WORK/tfds)."""
+    data_dir = data_dir or str(work / "tfds")
     eval_settings = {"n": b.eval_n, "temperature": 1.0, "top_p": 1.0, "max_tokens": M.MAX_NEW_TOKENS, "seed": 0,
                      "problems_per_batch": max(1, b.eval_batch // b.eval_n), "batch_size": b.eval_batch}
     tasks = [Task("calibrate", "calibrate", [], lambda: {
@@ -99,7 +102,8 @@ def plan_study(b: M.Budget, work: Path, mode: str) -> tuple[dict, list[Task]]:
             wd = work / "runs" / run
 
             def spec(m=m, seed=seed, wd=wd):
-                ov = {k: (_threshold(work) if v == M.THRESHOLD else v) for k, v in m.overrides.items()}
+                cal = _json(work / "calibration.json")
+                ov = {k: M.resolve_threshold(v, cal) for k, v in m.overrides.items()}
                 common = {"seed": seed, "max_steps": b.steps, "checkpoint_every": b.checkpoint_every,
                           "log_every": b.log_every, "eval.at_start": False, "eval.at_end": False,
                           "logging.progress": False, "logging.tensorboard": False, "data.data_dir": data_dir,
@@ -107,6 +111,9 @@ def plan_study(b: M.Budget, work: Path, mode: str) -> tuple[dict, list[Task]]:
                 return {"overrides": {**common, **ov}, "workdir": str(wd), "result": str(wd / "done.json")}
             tasks.append(Task(f"train:{run}", "train", ["calibrate"], spec, wd / "done.json", b.steps))
             tasks.append(eval_task(run, str(wd / "export_hf"), [f"train:{run}"]))
+    # seed-major: a study cut short (it resumes) holds whole seeds of every method, not every seed of a few
+    seed_of = lambda t: int(t.name.rpartition("_s")[2]) if t.stage != "calibrate" and "_s" in t.name else -1
+    tasks.sort(key=seed_of)
     return plan, tasks
 
 
@@ -234,26 +241,31 @@ def _timing(tasks: list[Task], work: Path, jobs: int, wall_s: float, ran: int) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="results folder (results.json, results.md, PNGs)")
+    p.add_argument("--out", default=None, help="results folder (results.json, results.md, PNGs)")
     p.add_argument("--work", default=None, help="runs, checkpoints, raw eval samples (default OUT/work)")
     p.add_argument("--quick", action="store_true", help="2 methods + base, 1 seed, 4 steps, n = 8, 8 problems")
     p.add_argument("--core", action="store_true", help="the counted claims' 7 methods + base, 2 seeds, "
                    "200 steps, 128 problems x n = 128 (about 65 minutes)")
+    p.add_argument("--evidence", action="store_true", help="issue 39's study: branch vs GRPO / token / random, "
+                   "its reward form and the threshold study, 7 seeds, 128 problems x n = 256 (about 5 hours; "
+                   f"default --out {EVIDENCE_OUT.relative_to(HERE)})")
+    p.add_argument("--data-dir", default=None, help="the procedural_arithmetic/strategies TFDS copy to read (or "
+                   "prepare) instead of WORK/tfds")
     p.add_argument("--jobs", type=int, default=2, help="jobs at a time (each pinned to one core when > 1)")
     p.add_argument("--write-readme", action=argparse.BooleanOptionalAction, default=None,
                    help="rewrite README.md's results block (default: on for a full run into the default --out)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and the time estimate, run nothing")
     a = p.parse_args(argv)
-    if a.quick and a.core:
-        raise SystemExit("error: --quick and --core are two budgets; choose one")
-    mode = "quick" if a.quick else "core" if a.core else "full"
-    b = {"quick": M.QUICK, "core": M.CORE, "full": M.FULL}[mode]
-    out = Path(a.out).resolve()
+    if a.quick + a.core + a.evidence > 1:
+        raise SystemExit("error: --quick, --core and --evidence are budgets; choose one")
+    mode = "quick" if a.quick else "core" if a.core else "evidence" if a.evidence else "full"
+    b = {"quick": M.QUICK, "core": M.CORE, "evidence": M.EVIDENCE, "full": M.FULL}[mode]
+    out = Path(a.out if a.out is not None else EVIDENCE_OUT if a.evidence else DEFAULT_OUT).resolve()
     work = Path(a.work).resolve() if a.work else out / "work"
     write_readme = a.write_readme if a.write_readme is not None else (mode != "quick" and out == DEFAULT_OUT)
     if write_readme and a.quick:
         raise SystemExit("error: --quick never rewrites the committed README")
-    plan, tasks = plan_study(b, work, mode)
+    plan, tasks = plan_study(b, work, mode, a.data_dir and str(Path(a.data_dir).resolve()))
     todo = [t for t in tasks if not t.result.exists()]
     n_train = sum(t.stage == "train" for t in tasks)
     print(f"sage_miniature ({plan['mode']}): {len(b.methods)} methods, {len(b.seeds)} seed(s), {n_train} "
