@@ -34,6 +34,20 @@ def _dapo_algorithm() -> dict:
 
 DAPO = _dapo_algorithm()
 THRESHOLD = "calibrated"  # placeholder replaced by calibration.json's threshold (see run.py)
+# The threshold study (issue 39): the branch threshold at other quantiles of the same calibration, chosen by the
+# share of the base's tokens they shape (p99: ~1%, forks only; p95: ~5%; p80 = THRESHOLD: 20%, the forking
+# share of Wang et al. 2025), and the reference code's 1.2 nats (~0.7% of the base's tokens here).
+THRESHOLD_AT = {f"calibrated:p{q}": f"p{q}" for q in (95, 99)}
+PAPER_THRESHOLD = 1.2
+
+
+def resolve_threshold(value, calibration: dict):
+    """A method override's value with the calibration placeholders replaced by numbers (others unchanged)."""
+    if value == THRESHOLD:
+        return float(calibration["threshold"])
+    if isinstance(value, str) and value in THRESHOLD_AT:
+        return round(float(calibration["quantiles"][THRESHOLD_AT[value]]), 4)
+    return value
 
 # Published averages (AIME, AMC23, MATH-500; Qwen2.5-Math-7B base) as quoted in docs/design.md
 # section 1 from SAGE (arXiv 2605.18864); (pass@1, pass@256). None: not in that excerpt.
@@ -70,6 +84,15 @@ METHODS: list[Method] = [
     _m("sage_branch", "GRPO + SAGE branch guide", (0.284, 0.729), rl__loss_type="grpo", **_KL, **_BRANCH),
     _m("sage_token", "GRPO + SAGE token guide", None, rl__loss_type="grpo", sage__guide="token", **_KL),
     _m("sage_random", "GRPO + SAGE random guide", None, rl__loss_type="grpo", sage__guide="random", **_KL),
+    # issue 39's evidence study: the objective-level form, and the branch threshold by the share of tokens shaped
+    _m("sage_branch_reward", "GRPO + SAGE branch guide, objective-level form (sage.form=reward)", None,
+       rl__loss_type="grpo", sage__form="reward", **_KL, **_BRANCH),
+    _m("sage_branch_p95", "GRPO + SAGE branch guide, threshold = base p95 (~5% of tokens)", None,
+       rl__loss_type="grpo", **_KL, sage__guide="branch", sage__branch__threshold="calibrated:p95"),
+    _m("sage_branch_p99", "GRPO + SAGE branch guide, threshold = base p99 (~1% of tokens)", None,
+       rl__loss_type="grpo", **_KL, sage__guide="branch", sage__branch__threshold="calibrated:p99"),
+    _m("sage_branch_paper", "GRPO + SAGE branch guide, threshold 1.2 nats (the reference code's)", None,
+       rl__loss_type="grpo", **_KL, sage__guide="branch", sage__branch__threshold=PAPER_THRESHOLD),
     _m("bnpo_branch", "BNPO + KL + branch guide", (0.271, 0.715), rl__loss_type="bnpo", **_KL, **_BRANCH),
     Method("dapo_branch", "DAPO + KL + branch guide", {**DAPO, "rl.beta": BETA, "rl.kl_mode": "reverse",
                                                        "sage.guide": "branch", "sage.branch.threshold": THRESHOLD},
@@ -93,8 +116,9 @@ class Budget:
     val_n: int  # calibration samples per problem
 
 
+EVIDENCE_ONLY = ("sage_branch_reward", "sage_branch_p95", "sage_branch_p99", "sage_branch_paper")
 # Full mode: the 200 steps of configs/tiny.py, 128 held-out problems (README "Budget" for the estimate).
-FULL = Budget(methods=tuple(m.key for m in METHODS), seeds=(0, 1, 2), steps=200, checkpoint_every=100,
+FULL = Budget(methods=tuple(m.key for m in METHODS if m.key not in EVIDENCE_ONLY), seeds=(0, 1, 2), steps=200, checkpoint_every=100,
               log_every=5, eval_problems=128, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
 # Core mode: the methods every counted claim comparison reads (stats.CLAIMS), 2 seeds, n = 128; the
 # uncounted BNPO/DAPO + branch rows are left out. About 65 minutes on 2 cores.
@@ -102,6 +126,14 @@ CORE = Budget(methods=("base", "grpo", "bnpo", "dapo", "forward_kl", "sage_branc
               seeds=(0, 1), steps=200,
               checkpoint_every=100, log_every=5, eval_problems=128, eval_n=128, eval_batch=512, val_problems=64,
               val_n=16)
+# Evidence mode (issue 39): the branch guide against GRPO and the token / random guides, its objective-level form
+# and the threshold study, at the 7 seeds the core run's power table asks for (branch - GRPO pass@1, two-level),
+# n = 256 so that pass@k reaches 256. Settings fixed before any of its runs (README "Evidence study"); about
+# 5 hours on 2 cores, resumable, so it may run across sessions.
+EVIDENCE_METHODS = ("base", "grpo", "sage_branch", "sage_token", "sage_random", "sage_branch_reward",
+                    "sage_branch_p95", "sage_branch_p99", "sage_branch_paper")
+EVIDENCE = Budget(methods=EVIDENCE_METHODS, seeds=tuple(range(7)), steps=200, checkpoint_every=100, log_every=5,
+                  eval_problems=128, eval_n=256, eval_batch=512, val_problems=64, val_n=16)
 # Quick mode: the whole pipeline, strategy metrics included, in a few minutes (tests/test_sage_miniature.py).
 QUICK = Budget(methods=("base", "grpo", "sage_branch"), seeds=(0,), steps=4, checkpoint_every=2,
                log_every=1, eval_problems=8, eval_n=8, eval_batch=64, val_problems=8, val_n=4)
