@@ -259,3 +259,90 @@ def test_readme_methods_table_is_what_the_study_runs():
         assert rows[m.key] == want, m.key
     assert {"rl.dynamic_sampling", "rl.overlong_buffer", "rl.eps_high"} <= set(methods.BY_KEY["dapo"].overrides)
     assert methods.BY_KEY["dapo"].overrides["rl.eps_high"] == 0.28
+
+
+def test_evidence_comparisons_are_the_preregistered_ones():
+    """README "Evidence study": every guided method minus GRPO, branch minus token and random, the reward form
+    minus the loss form, each on pass@1, pass@kmax, share/terms and distinct_correct_strategies."""
+    methods, stats = _study_modules("methods", "stats")
+    got = {(c["a"], c["b"], c["metric"]) for c in stats.evidence_comparisons(list(methods.EVIDENCE.methods))}
+    guided = ["sage_branch", "sage_token", "sage_random", "sage_branch_reward", "sage_branch_p95",
+              "sage_branch_p99", "sage_branch_paper"]
+    pairs = [(g, "grpo") for g in guided] + [("sage_branch", "sage_token"), ("sage_branch", "sage_random"),
+                                             ("sage_branch_reward", "sage_branch")]
+    metrics = ("pass@1", "kmax", "share/terms", "distinct_correct_strategies")
+    assert got == {(a, b, k) for a, b in pairs for k in metrics}
+    assert set(stats.THRESHOLD_SETTINGS) <= set(methods.EVIDENCE.methods)
+    assert len(methods.EVIDENCE.seeds) >= 7 and methods.EVIDENCE.eval_n == 256
+
+
+def test_decide_evidence_reads_each_ci_as_it_falls():
+    """Hand-made values over 7 seeds x 40 problems: branch = GRPO + 0.1 on every problem and seed (estimate
+    exactly +0.1; the seeds are resampled per method, so the CI has width: values uniform on [0, 0.8] give a
+    seed-mean spread of ~0.014 over 40 problems, far from reaching 0), random = GRPO - 0.1, token = GRPO exactly
+    (0: no side, and a power entry)."""
+    (stats,) = _study_modules("stats")
+    rng = np.random.default_rng(0)
+    grpo = {m: rng.uniform(0, 0.8, (7, 40)) for m in ("pass@1", "pass@256", "share/terms",
+                                                     "distinct_correct_strategies")}
+    per = {"grpo": grpo, "sage_branch": {m: v + 0.1 for m, v in grpo.items()},
+           "sage_token": {m: v.copy() for m, v in grpo.items()}, "sage_random": {m: v - 0.1 for m, v in grpo.items()}}
+    rows = {r["name"]: r for r in stats.decide_evidence(per, 256, 500)}
+    up = rows["sage_branch - grpo, pass@256"]
+    assert up["estimate"] == pytest.approx(0.1) and 0 < up["lo"] < 0.1 < up["hi"] and up["outcome"] == "> 0"
+    down = rows["sage_random - grpo, pass@1"]
+    assert down["estimate"] == pytest.approx(-0.1) and down["outcome"] == "< 0"
+    assert rows["sage_branch - sage_random, distinct_correct_strategies"]["estimate"] == pytest.approx(0.2)
+    flat = rows["sage_token - grpo, share/terms"]
+    assert flat["estimate"] == 0 and flat["outcome"] == "includes 0" and "power" in flat
+    assert "sage_branch_reward - sage_branch, pass@1" not in rows  # a method not run: its comparisons left out
+
+
+def test_shaping_summary_of_a_run(tmp_path):
+    """`sage/frac_shaped_first` is a share of all tokens: x tokens per completion gives the share of completions
+    whose first token is shaped (0.01 x 50 = 0.5 and 0.02 x 40 = 0.8: mean 0.65)."""
+    (report,) = _study_modules("report")
+    rows = [{"step": 5, "sage/frac_shaped": 0.2, "sage/frac_shaped_first": 0.01, "sage/frac_shaped_later": 0.19,
+             "rollout/length_mean": 50.0},
+            {"step": 10, "sage/frac_shaped": 0.1, "sage/frac_shaped_first": 0.02, "sage/frac_shaped_later": 0.08,
+             "rollout/length_mean": 40.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = report._shaping(str(tmp_path))
+    assert got == pytest.approx({"frac_shaped": 0.15, "frac_shaped_first": 0.015, "frac_shaped_later": 0.135,
+                                 "first_tokens_shaped": 0.65})
+
+
+def test_threshold_study_items(tmp_path):
+    """One item per branch setting that ran, fewest tokens shaped first: the threshold in nats (the calibration's
+    quantile, or 1.2 as given), the share of the base's calibration tokens above it (1 - q by construction; the
+    measured share for 1.2), the runs' shaping in training and the differences from GRPO; results.md's table."""
+    (report,) = _study_modules("report")
+    cal = {"threshold": 0.0051, "quantile": 0.8, "quantiles": {"p95": 0.3309, "p99": 0.87224},
+           "share_above_paper_threshold": 0.0066}
+    row = {"step": 5, "sage/frac_shaped": 0.3, "sage/frac_shaped_first": 0.01, "sage/frac_shaped_later": 0.29,
+           "rollout/length_mean": 50.0}
+    plan, run_dirs, per = {"mode": "evidence", "methods": {}}, {}, {}
+    rng = np.random.default_rng(1)
+    base = {m: rng.uniform(0, 0.8, (2, 10)) for m in ("pass@1", "pass@256", "share/terms",
+                                                     "distinct_correct_strategies")}
+    for key, thr in (("grpo", None), ("sage_branch", "calibrated"), ("sage_branch_p99", "calibrated:p99"),
+                     ("sage_branch_paper", 1.2)):
+        plan["methods"][key] = {"overrides": {} if thr is None else {"sage.branch.threshold": thr},
+                                "runs": {"0": f"{key}_s0", "1": f"{key}_s1"}}
+        per[key] = {m: v + (0.0 if thr is None else 0.05) for m, v in base.items()}
+        for s in (0, 1):
+            d = tmp_path / f"{key}_s{s}"
+            d.mkdir()
+            (d / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+            run_dirs[f"{key}_s{s}"] = str(d)
+    sec = report.evidence_sections(plan, cal, run_dirs, per, 256)
+    items = sec["threshold_study"]
+    assert [i["method"] for i in items] == ["sage_branch_p99", "sage_branch_paper", "sage_branch"]
+    assert [i["threshold_nats"] for i in items] == [0.8722, 1.2, 0.0051]
+    assert [i["base_tokens_above"] for i in items] == pytest.approx([0.01, 0.0066, 0.2])
+    assert items[0]["training"]["first_tokens_shaped"]["mean"] == pytest.approx(0.5)
+    assert items[0]["vs_grpo"]["pass@1"]["estimate"] == pytest.approx(0.05)
+    assert set(items[0]["vs_grpo"]) == {"pass@1", "pass@256", "share/terms", "distinct_correct_strategies"}
+    res = {"kmax": 256, "budget": {"seeds": [0, 1]}, **sec}
+    md = "\n".join(report.render_evidence(res))
+    assert "### Threshold study" in md and "| `sage_branch_p99` (calibrated:p99) | 0.8722 | 0.010 |" in md

@@ -16,7 +16,7 @@ import numpy as np
 from experiments.sage_miniature import stats
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from experiments.sage_miniature.methods import CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE
+from experiments.sage_miniature.methods import CALIBRATION_RULE, PAPER_SOURCE, TEST_SIZE, resolve_threshold
 
 BEGIN, END = "<!-- BEGIN GENERATED RESULTS (run.py rewrites this block) -->", "<!-- END GENERATED RESULTS -->"
 PLOTS = {"pass_at_k": "pass_at_k.png", "training": "training_curves.png", "entropy": "entropy_hist.png"}
@@ -141,7 +141,50 @@ def build_results(plan: dict, calibration: dict, eval_dirs: dict[str, str], run_
         "methods": methods, "runs": runs, "pass_at_k_curves": curves_k,
         "training_curves": {k: _curves(d, window) for k, d in trained.items()},
         "claims": stats.decide_claims(per_problem_SxP, kmax, TEST_SIZE), "timing": timing,
+        **(evidence_sections(plan, calibration, run_dirs, per_problem_SxP, kmax) if plan["mode"] == "evidence"
+           else {}),
     }
+
+
+SHAPING = ("sage/frac_shaped", "sage/frac_shaped_first", "sage/frac_shaped_later")
+
+
+def _shaping(run_dir: str) -> dict:
+    """A run's training-time shaping, mean over its logged steps: the share of tokens shaped, its parts at the
+    first completion token and after it (shares of all tokens), and the share of completions whose first token
+    is shaped (frac_shaped_first x tokens per completion, step by step)."""
+    from sage_jax.train.metric_writer import read_metrics
+    rows = [r for r in read_metrics(run_dir) if all(k in r for k in SHAPING)]
+    out = {k.split("/")[1]: float(np.mean([r[k] for r in rows])) for k in SHAPING}
+    out["first_tokens_shaped"] = float(np.mean([r["sage/frac_shaped_first"] * r["rollout/length_mean"]
+                                                for r in rows]))
+    return out
+
+
+def evidence_sections(plan: dict, calibration: dict, run_dirs: dict[str, str], per_problem: dict,
+                      kmax: int) -> dict:
+    """The evidence study's comparisons (stats.decide_evidence) and its threshold study: one item per branch
+    threshold setting, with what it shapes in training and its differences from GRPO."""
+    rows = stats.decide_evidence(per_problem, kmax, TEST_SIZE)
+    items = []
+    for key in stats.THRESHOLD_SETTINGS:
+        if key not in plan["methods"]:
+            continue
+        m = plan["methods"][key]
+        raw = m["overrides"]["sage.branch.threshold"]
+        thr = float(resolve_threshold(raw, calibration))
+        q = calibration["quantile"] if raw == "calibrated" else (int(raw[-2:]) / 100 if isinstance(raw, str)
+                                                                 else None)
+        base_share = (1.0 - q) if q is not None else calibration["share_above_paper_threshold"]
+        runs = [m["runs"][s] for s in sorted(m["runs"], key=int)]
+        per_seed = [_shaping(run_dirs[r]) for r in runs]
+        items.append({
+            "method": key, "setting": raw if isinstance(raw, str) else f"{raw} nats", "threshold_nats": _r(thr),
+            "base_tokens_above": _r(base_share),
+            "training": {k: stats.seed_stats([p[k] for p in per_seed]) for k in per_seed[0]},
+            "vs_grpo": {r["metric"]: {x: r[x] for x in ("estimate", "lo", "hi", "outcome")}
+                        for r in rows if r["a"] == key and r["b"] == "grpo"}})
+    return {"evidence": rows, "threshold_study": items}
 
 
 def _read_rewards(run_dir: str) -> list[float]:
@@ -211,6 +254,8 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
             rows.append([r["name"] + ("" if r["counted"] else " (context)"), pred, est, r["outcome"]])
         lines += _table(["comparison", "predicted", "difference [95% CI]", "outcome"], rows) + [""]
     lines += render_power(res)
+    if "evidence" in res:
+        lines += render_evidence(res)
     q = cal["quantiles"]
     lines += ["### Calibration", "", f"Rule (fixed before any pass@k was computed): {CALIBRATION_RULE}.", "",
               f"{cal['num_tokens']} completion tokens of the base on {cal['val_problems']} "
@@ -226,6 +271,38 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
               f"evaluation jobs, {t['calibrate_job_s']:.0f} s calibration; wall clock of the study "
               f"{t['study_wall_s'] / 60:.1f} min with --jobs {t['jobs']}.", ""]
     return "\n".join(lines)
+
+
+def _ci(c: dict, d: int = 4) -> str:
+    return f"{c['estimate']:+.{d}f} [{c['lo']:+.{d}f}, {c['hi']:+.{d}f}]"
+
+
+def render_evidence(res: dict) -> list[str]:
+    """The evidence study's comparisons and its threshold table (README "Evidence study")."""
+    kmax, S = res["kmax"], len(res["budget"]["seeds"])
+    lines = ["### Evidence study: the pre-registered comparisons", "",
+             f"Difference of seed-mean values a - b, 95% CI over problems x seeds ({S} seeds per method, "
+             f"{stats.RESAMPLES} resamples, problems paired). No side was predicted: each CI is read as it falls.",
+             ""]
+    lines += _table(["comparison", "difference [95% CI]", "CI"], [[r["name"], _ci(r), r["outcome"]]
+                                                                    for r in res["evidence"]]) + [""]
+    metrics = ["pass@1", f"pass@{kmax}", "share/terms", "distinct_correct_strategies"]
+    rows = []
+    for it in res["threshold_study"]:
+        t = it["training"]
+        rows.append([f"`{it['method']}` ({it['setting']})", f"{it['threshold_nats']:.4f}",
+                     f"{it['base_tokens_above']:.3f}", stats.format_pm(t["frac_shaped"]),
+                     stats.format_pm(t["first_tokens_shaped"]), stats.format_pm(t["frac_shaped_later"])]
+                    + [_ci(it["vs_grpo"][m]) + f" ({it['vs_grpo'][m]['outcome']})" for m in metrics])
+    lines += ["### Threshold study", "",
+              "The branch guide at thresholds set by the share of the base's calibration tokens above them. "
+              "Training columns: mean over a run's logged steps, then mean ± std over seeds: `sage/frac_shaped` "
+              "(share of completion tokens shaped), the share of completions whose first token (the fork: which "
+              "procedure) is shaped, and the share of all tokens shaped after the first. Then the difference "
+              "from GRPO with its 95% CI.", ""]
+    lines += _table(["setting", "threshold (nats)", "base tokens above", "frac_shaped", "first tokens shaped",
+                     "later tokens shaped (share of all)"] + [f"- GRPO, {m}" for m in metrics], rows) + [""]
+    return lines
 
 
 def _count(n, available=None) -> str:

@@ -283,3 +283,35 @@ def decide_claims(per_problem: dict, kmax: int, available: int) -> list[dict]:
         out.append({"id": claim["id"], "claim": claim["claim"].replace("kmax", str(kmax)), "verdict": verdict,
                     "supported": f"{counted.count('supports')}/{len(counted)}", "comparisons": rows})
     return out
+
+
+# ------------------------------------------------------------------------------------------ evidence study
+# README "Evidence study" (fixed before its runs): every guided method against GRPO on these metrics, the branch
+# guide against the token and random guides, the reward form against the loss form. No predicted sign: each
+# CI is read as it falls ("> 0", "< 0" or "includes 0", the latter with its power estimate).
+EVIDENCE_METRICS = ("pass@1", "kmax", "share/terms", "distinct_correct_strategies")
+THRESHOLD_SETTINGS = ("sage_branch_p99", "sage_branch_paper", "sage_branch_p95", "sage_branch")  # fewest shaped first
+
+
+def evidence_comparisons(methods: list[str]) -> list[dict]:
+    """The pre-registered comparisons among `methods` (pairs whose methods were not run are left out)."""
+    pairs = [(m, "grpo") for m in methods if m.startswith("sage_")]
+    pairs += [("sage_branch", "sage_token"), ("sage_branch", "sage_random"), ("sage_branch_reward", "sage_branch")]
+    return [{"a": a, "b": b, "metric": k} for a, b in pairs if a in methods and b in methods
+            for k in EVIDENCE_METRICS]
+
+
+def decide_evidence(per_problem: dict, kmax: int, available: int) -> list[dict]:
+    """Each pre-registered comparison a - b: its estimate, two-level 95% CI and where the CI falls."""
+    out = []
+    for c in evidence_comparisons(list(per_problem)):
+        k = f"pass@{kmax}" if c["metric"] == "kmax" else c["metric"]
+        terms = [(1.0, np.asarray(per_problem[c["a"]][k]), c["a"]), (-1.0, np.asarray(per_problem[c["b"]][k]), c["b"])]
+        name = f"{c['a']} - {c['b']}, {k}"
+        ci = combination_ci(terms, f"evidence:{name}")
+        side = "> 0" if ci["lo"] > 0 else "< 0" if ci["hi"] < 0 else "includes 0"
+        row = {"name": name, "a": c["a"], "b": c["b"], "metric": k, **ci, "outcome": side}
+        if side == "includes 0":
+            row["power"] = power_estimate(terms, ci, f"evidence:{name}:power", available)
+        out.append(row)
+    return out
