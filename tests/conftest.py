@@ -7,7 +7,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-# hf.check_auto_tokenizer's remembered verdicts: one file for the suite's processes, not the user's ~/.cache
+# models.auto_tokenizer's remembered verdicts: one file for the suite's processes, not the user's ~/.cache
 os.environ.setdefault("SAGE_JAX_CACHE", os.path.join("/tmp", f"sage_jax_test_cache_{os.getuid()}"))
 sys.path.insert(0, os.path.dirname(__file__))
 from xla_env import FAST_COMPILE  # noqa: E402

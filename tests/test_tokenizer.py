@@ -6,7 +6,7 @@ from flax import nnx
 
 from sage_jax.defaults import TINY_BASE
 from sage_jax.data import procedural
-from sage_jax.models import hf
+from sage_jax.models import auto_tokenizer, hf
 from sage_jax.models.decoder import Decoder
 from sage_jax.models.tiny import CHARS, char_tokenizer, tiny_config
 
@@ -80,7 +80,7 @@ def _auto_ids_equal_file_ids(path):
 def test_auto_tokenizer_reads_the_shipped_base():
     auto = _auto_ids_equal_file_ids(TINY_BASE)
     assert auto.eos_token_id == 2 and auto.pad_token_id == 0
-    assert hf.auto_tokenizer_mismatch(TINY_BASE) is None
+    assert auto_tokenizer.auto_tokenizer_mismatch(TINY_BASE) is None
 
 
 def test_auto_tokenizer_reads_a_fresh_export(tmp_path):
@@ -92,12 +92,13 @@ def test_auto_tokenizer_reads_a_fresh_export(tmp_path):
 
 
 def test_misread_export_is_detected(tmp_path, caplog):
-    """The check is not vacuous: the old WordLevel char tokenizer under model_type qwen2 is misread and
-    `hf.save` says so in one warning line."""
+    """The check is not vacuous: the old WordLevel char tokenizer under model_type qwen2 is misread and the
+    export's check says so in one warning line."""
     cfg = tiny_config(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    with caplog.at_level("WARNING", logger="sage_jax.models.hf"):
+    with caplog.at_level("WARNING", logger="sage_jax.models.auto_tokenizer"):
         out = hf.save(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, str(tmp_path / "m"), tokenizer=_old_word_level_tokenizer())
-    msg = hf.auto_tokenizer_mismatch(out)
+        auto_tokenizer.check_auto_tokenizer(out)
+    msg = auto_tokenizer.auto_tokenizer_mismatch(out)
     assert msg is not None and "Qwen2Tokenizer" in msg
     assert any("Qwen2Tokenizer" in r.getMessage() for r in caplog.records)
 
@@ -110,18 +111,20 @@ def test_the_auto_tokenizer_verdict_is_remembered_per_content(tmp_path, caplog, 
     cfg = tiny_config(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     calls = []
-    real = hf.auto_tokenizer_mismatch
-    monkeypatch.setattr(hf, "auto_tokenizer_mismatch", lambda path: calls.append(path) or real(path))
-    with caplog.at_level("WARNING", logger="sage_jax.models.hf"):
+    real = auto_tokenizer.auto_tokenizer_mismatch
+    monkeypatch.setattr(auto_tokenizer, "auto_tokenizer_mismatch", lambda path: calls.append(path) or real(path))
+    export = lambda name, tok: auto_tokenizer.check_auto_tokenizer(hf.save(model, cfg, str(tmp_path / name),
+                                                                           tokenizer=tok))
+    with caplog.at_level("WARNING", logger="sage_jax.models.auto_tokenizer"):
         for name in ("a", "b"):
-            hf.save(model, cfg, str(tmp_path / name), tokenizer=_old_word_level_tokenizer())
+            export(name, _old_word_level_tokenizer())
     assert calls == [str(tmp_path / "a")]
     warned = [r.getMessage() for r in caplog.records if "Qwen2Tokenizer" in r.getMessage()]
     assert len(warned) == 2 and str(tmp_path / "b") in warned[1] and str(tmp_path / "a") not in warned[1]
-    hf.save(model, cfg, str(tmp_path / "c"), tokenizer=char_tokenizer())  # other files: checked, and fine
+    export("c", char_tokenizer())  # other files: checked, and fine
     assert calls == [str(tmp_path / "a"), str(tmp_path / "c")]
     (tmp_path / "cache" / "auto_tokenizer_checks.json").write_text("{damaged")  # a damaged cache: check again
-    hf.save(model, cfg, str(tmp_path / "d"), tokenizer=char_tokenizer())
+    export("d", char_tokenizer())
     assert calls[-1] == str(tmp_path / "d")
 
 

@@ -44,8 +44,8 @@ def _env(slow):
     return subprocess_env(SLOW_REWARD_S=str(slow), PYTHONUNBUFFERED="1")
 
 
-def _run(cmd, slow=0.0, timeout=600):
-    p = subprocess.run(cmd, env=_env(slow), capture_output=True, text=True, timeout=timeout)
+def _run(cmd, slow=0.0, timeout=600, **env):
+    p = subprocess.run(cmd, env=dict(_env(slow), **env), capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1]), p
 
@@ -148,14 +148,18 @@ def test_restart_survives_a_cut_last_metrics_line(reference, base, data_dir, tmp
     _same_run(reference, b)
 
 
-def test_deleted_checkpoints_start_over_without_a_second_history(reference, base, data_dir, tmp_path):
+def test_deleted_checkpoints_start_over_without_a_second_history(reference, base, data_dir, tmp_path, monkeypatch):
+    from sage_jax.models import auto_tokenizer
     b = str(tmp_path / "b")
     shutil.copytree(reference, b)
     shutil.rmtree(os.path.join(b, "checkpoints"))
-    summary_b, p = _run(_cmd(b, base, data_dir, extra=EVAL))
+    summary_b, p = _run(_cmd(b, base, data_dir, extra=EVAL), SAGE_JAX_CACHE=str(tmp_path / "cache"))
     assert summary_b["start_step"] == 0
     assert "dropping" in p.stderr
     _same_run(reference, b)
+    # the export was checked for outside tools (AutoTokenizer): its verdict is in this run's own, fresh cache
+    monkeypatch.setenv("SAGE_JAX_CACHE", str(tmp_path / "cache"))
+    assert auto_tokenizer._auto_check_key(os.path.join(b, "export_hf")) in auto_tokenizer._auto_check_cache()
 
 
 def test_another_model_in_the_same_workdir_is_refused(reference, base, data_dir, tmp_path):

@@ -26,7 +26,7 @@ from flax import nnx
 from sage_jax import config_lib
 from sage_jax.errors import UserError
 from sage_jax.eval import report as eval_report
-from sage_jax.models import hf, lora as lora_lib
+from sage_jax.models import auto_tokenizer, hf, lora as lora_lib
 from sage_jax.policy.state import TrainState, policy_state
 from sage_jax.spec import RunSpec
 from sage_jax.train import data as train_data
@@ -222,6 +222,7 @@ def export(spec: RunSpec, s: Setup, graphdef, state: TrainState, workdir: str, i
         out["export_peft"] = os.path.join(workdir, "export_peft")
     if is_main:
         hf.save(model, s.model_cfg, out["export"], tokenizer=s.tokenizer)
+        auto_tokenizer.check_auto_tokenizer(out["export"])  # outside tools read it as we do, or one warning
         if "export_peft" in out:
             hf.save_peft_adapter(model, out["export_peft"], base_path=spec.model.path)
     return out
