@@ -84,6 +84,9 @@ def test_every_output_file_is_produced(study):
     assert "threshold" not in json.dumps(json.loads((out / "work" / "specs" / "train__grpo_s0.json").read_text()))
     for key in ("reward/reward_mean", "train/kl", "train/entropy", "sage/q_mean"):
         assert key in res["training_curves"]["grpo"], key
+    # the code every job ran: one commit of this checkout (the suite may run on a dirty tree)
+    (commit,) = res["timing"]["commits"]
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit), commit
 
 
 def test_strategy_metrics_reach_results_json(study):

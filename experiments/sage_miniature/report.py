@@ -269,7 +269,8 @@ def render_markdown(res: dict, image_dir: str = ".") -> str:
     t = res["timing"]
     lines += ["", f"Timing: {t['train_job_s'] / 60:.1f} min of training jobs, {t['eval_job_s'] / 60:.1f} min of "
               f"evaluation jobs, {t['calibrate_job_s']:.0f} s calibration; wall clock of the study "
-              f"{t['study_wall_s'] / 60:.1f} min with --jobs {t['jobs']}.", ""]
+              f"{t['study_wall_s'] / 60:.1f} min with --jobs {t['jobs']}."
+              + (f" Code: commit {', '.join(t['commits'])}." if t.get("commits") else ""), ""]
     return "\n".join(lines)
 
 

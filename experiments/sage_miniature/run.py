@@ -162,6 +162,24 @@ def _line(t: Task, spec: dict, dt: float) -> str:
     return msg
 
 
+def _commit() -> str:
+    """The checked-out commit, "+dirty" when tracked files differ from it ("unknown" outside a git checkout)."""
+    try:
+        git = lambda *a: subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True,  # noqa: E731
+                                        check=True).stdout.strip()
+        return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _record_commit(work: Path, name: str) -> None:
+    """WORK/commits.json: the commit each finished job ran at (a study may be resumed across sessions)."""
+    path = work / "commits.json"
+    got = _json(path) if path.exists() else {}
+    got[name] = _commit()
+    path.write_text(json.dumps(got, indent=1, sort_keys=True))
+
+
 def run_tasks(tasks: list[Task], work: Path, jobs: int) -> tuple[list[str], int]:
     """Runs the unfinished tasks, at most `jobs` at a time in dependency order. Returns (failed, ran)."""
     from tqdm.auto import tqdm
@@ -212,6 +230,7 @@ def run_tasks(tasks: list[Task], work: Path, jobs: int) -> tuple[list[str], int]
             progressed, ran = True, ran + 1
             if proc.returncode == 0 and t.result.exists():
                 done.add(t.name)
+                _record_commit(work, t.name)
                 bar.write(_line(t, spec, time.time() - t0))
             else:
                 failed.append(t.name)
@@ -285,6 +304,8 @@ def main(argv=None) -> int:
         return 1
     from experiments.sage_miniature import report
     timing = _timing(tasks, work, a.jobs, time.time() - t0, ran)
+    commits = _json(work / "commits.json") if (work / "commits.json").exists() else {}
+    timing["commits"] = sorted({commits.get(t.name, "not recorded") for t in tasks})  # the code the jobs ran
     problem_ids = _json(next(t.result for t in tasks if t.stage == "eval"))["problem_ids"]
     eval_dirs = {t.name.split(":", 1)[1]: str(t.result.parent) for t in tasks if t.stage == "eval"}
     run_dirs = {t.name.split(":", 1)[1]: str(t.result.parent) for t in tasks if t.stage == "train"}
