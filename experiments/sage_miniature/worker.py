@@ -29,6 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)  # this checkout's sage_jax, not whichever one the venv has installed
 TINY_CONFIG = os.path.join(REPO, "configs", "tiny.py")
 BENCH = "procedural_arithmetic:test"
 BUILDER_CONFIG = "strategies"  # configs/tiny.py's data.builder_config (builders.STRATEGIES_TASK)
