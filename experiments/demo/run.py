@@ -25,18 +25,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))  # the repo root: studies import each other as experiments.<study>
 
+from experiments import provenance  # noqa: E402
 from experiments.readme_blocks import write_block  # noqa: E402
 
 RESULTS = HERE / "results.json"
 COMMAND = "python -m sage_jax.main --config=configs/tiny.py --workdir=DIR --config.seed=S"
 KS = (1, 2, 4, 8, 16, 32)
-
-
-def _commit() -> str:
-    """The checked-out commit the numbers come from, with "+dirty" when tracked files differ from it."""
-    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    head = git("rev-parse", "HEAD")
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _run(cmd: list[str], log: Path) -> float:
@@ -183,7 +177,7 @@ def main() -> None:
     data_dir = str(work / "tfds")
     levels = _levels(data_dir)
     res = {"command": COMMAND, "config": "configs/tiny.py", "date": time.strftime("%Y-%m-%d"),
-           "machine": f"{os.cpu_count()}-core CPU", "commit": _commit(), "seeds": {}}
+           "machine": f"{os.cpu_count()}-core CPU", "commit": provenance.commit(REPO), "seeds": {}}
     py = sys.executable
     for s in a.seeds:
         wd, wall_file = work / f"seed{s}", work / f"seed{s}.log.wall_s"

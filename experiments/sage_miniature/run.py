@@ -28,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the repo root: studies import each other as experiments.<study>
 
+from experiments import provenance  # noqa: E402
 from experiments.sage_miniature import methods as M  # noqa: E402
 from experiments.sage_miniature.worker import BENCH, REPO  # noqa: E402
 
@@ -60,10 +61,6 @@ class Task:
 
 def _json(path: Path):
     return json.loads(path.read_text())
-
-
-def _threshold(work: Path) -> float:
-    return float(_json(work / "calibration.json")["threshold"])
 
 
 def plan_study(b: M.Budget, work: Path, mode: str, data_dir: str | None = None) -> tuple[dict, list[Task]]:
@@ -162,21 +159,14 @@ def _line(t: Task, spec: dict, dt: float) -> str:
     return msg
 
 
-def _commit() -> str:
-    """The checked-out commit, "+dirty" when tracked files differ from it ("unknown" outside a git checkout)."""
-    try:
-        git = lambda *a: subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True,  # noqa: E731
-                                        check=True).stdout.strip()
-        return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _record_commit(work: Path, name: str) -> None:
     """WORK/commits.json: the commit each finished job ran at (a study may be resumed across sessions)."""
     path = work / "commits.json"
     got = _json(path) if path.exists() else {}
-    got[name] = _commit()
+    try:
+        got[name] = provenance.commit(HERE)
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout
+        got[name] = "unknown"
     path.write_text(json.dumps(got, indent=1, sort_keys=True))
 
 
