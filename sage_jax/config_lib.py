@@ -160,7 +160,7 @@ def rl_config(c) -> RLConfig:
                         max_steps=c.max_steps * r.num_iterations * r.num_minibatches, logp_chunk=r.logp_chunk,
                         share_prompt=r.share_prompt, remat=c.model.remat, dapo_normalizer=r.dapo_normalizer,
                         pass_at_k=r.pass_at_k, score_chunks=r.score_chunks, length_buckets=r.length_buckets,
-                        dynamic_sampling=r.dynamic_sampling,
+                        pack_buckets=r.pack_buckets, dynamic_sampling=r.dynamic_sampling,
                         overlong_buffer=r.overlong_buffer, overlong_penalty=r.overlong_penalty,
                         overlong_filter=r.overlong_filter, update_shuffle=r.update_shuffle,
                         skip_nonfinite=c.optim.skip_nonfinite)

@@ -99,6 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.pass_at_k = rl.pass_at_k  # k >= 1: the analytic pass@k advantage (Chen et al., 2025); 0 = off
     c.rl.score_chunks = rl.score_chunks  # the reference (and old-logp) pass in this many row chunks; 1 = all at once
     c.rl.length_buckets = rl.length_buckets  # K > 1: passes over rows sorted by length, at K static lengths
+    c.rl.pack_buckets = rl.pack_buckets  # K >= 1: each prompt's completions packed into rows behind it; 0 = off
     # DAPO's sample-level options (sage_jax/rl/dapo.py), off by default:
     c.rl.dynamic_sampling = rl.dynamic_sampling  # k > 1: sample k x data.batch_size prompts per step, train on
     #                            data.batch_size of them, groups with a signal first (1 = off)

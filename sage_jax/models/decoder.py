@@ -128,9 +128,11 @@ class Attention(nnx.Module):
 
 
 def _mask(start, T, S, kv_mask_BxS):
-    """BxTxS: query t (at cache slot start + t) sees slot s when s <= its slot and s holds a real token."""
-    causal_TxS = jnp.arange(S)[None, :] <= (start + jnp.arange(T))[:, None]
-    return causal_TxS[None] & kv_mask_BxS[:, None, :].astype(bool)
+    """BxTxS: query t (at cache slot start + t) sees slot s <= its slot that holds a real token: mask value 1 (seen
+    by all) or a segment id >= 2, seen by that segment's queries only (sage_jax.policy.packing); 0 is padding."""
+    kv = kv_mask_BxS.astype(jnp.int32)[:, None, :]
+    q_ids = jax.lax.dynamic_slice_in_dim(jnp.pad(kv[:, 0], ((0, 0), (0, T))), start, T, axis=1)[:, :, None]
+    return (jnp.arange(S)[None, :] <= (start + jnp.arange(T))[:, None])[None] & ((kv == 1) | (kv > 1) & (kv == q_ids))
 
 
 def _attend_causal(qg_BxTxKxGxDh, k, v, start, kv_mask_BxS, kv_spec, dtype, q_chunk=0):
@@ -234,8 +236,7 @@ def _decode_attention(q_BxKxGxDh, kv: DecodeKV, prompt_mask_NxP, index, dtype):
              + [jnp.broadcast_to(jnp.arange(L) <= index, (B, L))])
     probs = _softmax(jnp.concatenate(scores, -1) * Dh ** -0.5, jnp.concatenate(masks, -1)[:, None, None], f32)
     p_prompt, *p_parts = jnp.split(probs, np.cumsum([s.shape[-1] for s in scores])[:-1], axis=-1)
-    out = jnp.einsum("nrkgs,nksd->nrkgd", p_prompt.reshape(N, G, K, g, -1), kv.prompt_v.astype(f32))
-    out = out.reshape(B, K, g, Dh)
+    out = jnp.einsum("nrkgs,nksd->nrkgd", p_prompt.reshape(N, G, K, g, -1), kv.prompt_v.astype(f32)).reshape(B, K, g, Dh)
     for p, v in zip(p_parts, parts_v):
         out = out + jnp.einsum("bkgs,bksd->bkgd", p, v.astype(f32))
     return out.astype(dtype)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from sage_jax import sharding as shd
 from sage_jax.rewards.host import HostReward
 from sage_jax.rl import guides, losses
+from sage_jax.policy.packing import packed_logp_entropy, row_grid
 from sage_jax.policy.logprobs import (bucketed, grouped_logp_entropy, length_grid, sequence_logp_entropy, sorted_chunks,
                                       row_lengths)
 from sage_jax.rl.rollout import Rollout, rollout
@@ -79,6 +80,11 @@ class RLConfig:
     # change). The same loss, gradients and metrics as K = 1 (the decoder is causal); what changes is the
     # padding computed. 1 = every pass over the whole [B, P + T] rectangle.
     length_buckets: int = 1
+    # Real tokens only, packed: K >= 1 packs each prompt's completions into rows of T slots behind its one prefilled
+    # prompt (policy/packing.py: segments that see the prompt and themselves), each pass run at the smallest of K
+    # static row counts ceil(k B / K) that holds them. The same loss, gradients and metrics as the padded passes;
+    # 0 = off. Exclusive with length_buckets > 1.
+    pack_buckets: int = 0
     # DAPO's sample-level options (sage_jax/rl/dapo.py): sample dynamic_sampling x the trained prompts, train on
     # the groups with unequal rewards first (1 = off); the soft overlong penalty over the last
     # overlong_buffer tokens (0 = off), times overlong_penalty; truncated completions out of the loss.
@@ -112,6 +118,9 @@ class RLConfig:
         if not 1 <= self.length_buckets <= self.sampling.max_new_tokens:
             raise ValueError(f"rl.length_buckets={self.length_buckets} must be in [1, rollout.max_new_tokens="
                              f"{self.sampling.max_new_tokens}] (1 = off)")
+        if self.pack_buckets < 0 or self.pack_buckets and self.length_buckets > 1:
+            raise ValueError(f"rl.pack_buckets={self.pack_buckets} must be >= 0 (0 = off) and is exclusive with "
+                             f"rl.length_buckets={self.length_buckets} > 1: both choose how the real tokens are run")
         if not 0 <= self.pass_at_k <= self.group_size:
             raise ValueError(f"rl.pass_at_k={self.pass_at_k} must be in [0, group_size={self.group_size}] (0 = off)")
         if self.dynamic_sampling < 1:
@@ -245,13 +254,20 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
     temp = cfg.sampling.temperature or 1.0
     N, P = ro.prompt_NxP.shape
     B = N * G
-    if cfg.share_prompt:
+    if cfg.pack_buckets:  # a chunk's N / C prompts once, their rows' real tokens packed behind them
         args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
-        score_rows = lambda model, p, pm, t, cm: grouped_logp_entropy(model, p, pm, t, cm, cfg.logp_chunk, temp)
+        grid = row_grid(B // n_chunks, cfg.pack_buckets)
+        prompt_of = jnp.arange(B // n_chunks) // G
+        score_rows = lambda params, p, pm, t, cm: packed_logp_entropy(merge, params, p, pm, t, cm, prompt_of, grid,
+                                                                      cfg.logp_chunk, temp)
+    elif cfg.share_prompt:
+        args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
+        score_rows = lambda params, p, pm, t, cm: grouped_logp_entropy(merge(params), p, pm, t, cm, cfg.logp_chunk,
+                                                                       temp)
     else:
         tokens, mask = full_rows(ro, G)
         args = ((tokens, G), (mask, G))
-        score_rows = lambda model, t, m: sequence_logp_entropy(model, t, m, P, cfg.logp_chunk, temp)
+        score_rows = lambda params, t, m: sequence_logp_entropy(merge(params), t, m, P, cfg.logp_chunk, temp)
 
     def chunked(x, per):  # [N * per, ...] -> [n_chunks, N / n_chunks * per, ...], chunk c = prompts c, c + C, ...
         x = x.reshape(N // n_chunks, n_chunks, per, *x.shape[1:])
@@ -263,8 +279,8 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
 
     def score(params):
         if n_chunks == 1:
-            return jax.lax.stop_gradient(score_rows(merge(params), *(x for x, _ in args)))
-        body = lambda p, a: (p, score_rows(merge(p), *a))
+            return jax.lax.stop_gradient(score_rows(params, *(x for x, _ in args)))
+        body = lambda p, a: (p, score_rows(p, *a))
         _, parts = jax.lax.scan(body, params, tuple(chunked(x, per) for x, per in args))
         return jax.lax.stop_gradient(tuple(unchunked(y) for y in parts))
 

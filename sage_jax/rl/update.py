@@ -33,6 +33,7 @@ from sage_jax.models import lora as lora_lib
 from sage_jax.rl import guides, losses
 from sage_jax.rl.forward_kl import sequence_forward_kl
 from sage_jax.policy.logprobs import bucketed, grouped_logp_entropy, length_grid, row_lengths, sequence_logp_entropy
+from sage_jax.policy.packing import packed_logp_entropy, row_grid
 from sage_jax.policy.state import reference_params
 
 Array = jax.Array
@@ -168,6 +169,7 @@ class _Updates:
         self.grouped = cfg.update_shuffle != "rows" and K == 1
         N, G = rw.prompt_NxP.shape[0], cfg.group_size
         self.share = cfg.share_prompt and (self.rows % G == 0 if self.grouped else N <= self.rows)
+        self.pack_grid = row_grid(self.rows, cfg.pack_buckets) if cfg.pack_buckets else None
 
     def take(self, x, i, n=None):
         """Rows [i * n, (i + 1) * n) of x (n: a micro-batch's rows)."""
@@ -202,6 +204,14 @@ class _Updates:
             return sequence_logp_entropy(model, take(self.tokens, i)[:, :self.P + t],
                                          take(self.fmask, i)[:, :self.P + t], self.P, cfg.logp_chunk, temp, **kw)
 
+        if cfg.pack_buckets:  # the micro-batch's prompts once, its rows' real tokens packed behind them
+            if self.share and self.grouped:
+                tp = lambda x: take(x, i, self.rows // cfg.group_size)
+                prompts, prompt_of = (tp(rw.prompt_NxP), tp(rw.pmask_NxP)), jnp.arange(self.rows) // cfg.group_size
+            else:
+                prompts, prompt_of = (rw.prompt_NxP, rw.pmask_NxP), take(rw.prompt_of_B, i)
+            return packed_logp_entropy(lambda p: self.model(p, gkey), params, *prompts, tokens_BxT, cmask_BxT,
+                                       prompt_of, self.pack_grid, cfg.logp_chunk, temp, **kw)
         return bucketed(at_length, cmask_BxT, self.grid, params)
 
     def loss(self, params, i, step, gkey, norm, selected):
