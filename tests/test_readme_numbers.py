@@ -65,6 +65,23 @@ def test_readme_bench_table_is_its_results_files():
                 assert abs(r["speedup"] - r["trl_step_s"] / r["ours_step_s"]) < 1e-9, (f, shape)
 
 
+def test_readme_varlen_bench_is_its_results_file():
+    """The README's variable-length block is bench.py's rendering of results.json's `varlen` section, whose ratios
+    are its own step times' (ours = the faster real-token setting, each a median of its alternating steps)."""
+    import statistics
+    here = os.path.join(ROOT, "experiments", "bench")
+    mod = _module(os.path.join(here, "report.py"))
+    res = json.load(open(os.path.join(here, "results.json")))
+    assert read_block(os.path.join(ROOT, "README.md"), "bench_varlen").strip() == mod.varlen_markdown(res).strip()
+    for shape, r in res["varlen"].items():
+        medians = {k: statistics.median(v) for k, v in r["step_s"].items()}
+        assert r["ours_setting"] == min((k for k in medians if k != "padded"), key=medians.get), shape
+        assert r["ours_step_s"] == medians[r["ours_setting"]] and r["padded_step_s"] == medians["padded"], shape
+        assert abs(r["speedup_vs_padded"] - r["padded_step_s"] / r["ours_step_s"]) < 1e-9, shape
+        assert abs(r["speedup_vs_trl"] - r["trl_step_s"] / r["ours_step_s"]) < 1e-9, shape
+        assert set(r["useful_fraction"]) == {"decode", "reference", "old", "policy"}, shape
+
+
 def test_memory_and_decode_tables_are_their_results_files():
     """memory_plan_long.md and decode_floor.md are what their scripts render from the committed .json, and
     the README's paper-scale peaks are that file's rows (to the README's one decimal)."""

@@ -143,3 +143,33 @@ if __name__ == "__main__":  # python experiments/bench/report.py --readme: rewri
     if "--readme" in sys.argv:
         write_block(os.path.join(here, "..", "..", "README.md"), "bench", readme_table(here))
     print(readme_table(here))
+
+
+def varlen_markdown(res) -> str:
+    """The variable-length workload's table (bench.measure_varlen), or "" when the results have none."""
+    rows = res.get("varlen") or {}
+    if not rows:
+        return ""
+    phases = ("decode", "reference", "old", "policy")
+    r0 = next(iter(rows.values()))
+    real = [k for k in r0["settings"] if k != "padded"]  # the real-token settings, each timed beside the padded step
+    settings = ", ".join(f"{k} = {', '.join(f'rl.{f} {v}' for f, v in real.items()) or 'no real-token setting'}"
+                         for k, real in r0["settings"].items())
+    L = [f"Variable-length workload: {r0['workload']}; {r0['minibatches']} updates per rollout. Our settings: "
+         f"{settings}; ours = the faster of the real-token settings in the run. Useful fraction: FLOPs on real "
+         f"tokens / FLOPs executed, per phase ({' / '.join(phases)}).", "",
+         "| shape | N x G, P + T | mean length (capped rows) | ours s/step (setting) | padded s/step | ours vs padded "
+         "| TRL s/step (fastest config) | ours vs TRL | " + " | ".join(f"{k} s/step" for k in real) +
+         " | useful, ours | useful, padded | recompiles |",
+         "|---|---|---|---|---|---|---|---|" + "---|" * len(real) + "---|---|---|"]
+    frac = lambda u: " / ".join(f"{u[p]:.2f}" for p in phases)
+    for sh, r in rows.items():
+        trl = (f"{r['trl_step_s']:.3f} ({r['trl_best_variant']})", f"{r['speedup_vs_trl']:.2f}x") \
+            if "trl_step_s" in r else ("-", "-")
+        L.append(f"| {sh} | {r['N']} x {r['G']}, {r['P']} + {r['T']} | {r['mean_length']:.1f} ({r['capped_rows']}) | "
+                 f"{r['ours_step_s']:.3f} ({r['ours_setting']}) | {r['padded_step_s']:.3f} | "
+                 f"{r['speedup_vs_padded']:.2f}x | {trl[0]} | {trl[1]} | "
+                 + " | ".join(f"{r['setting_step_s'][k]:.3f}" for k in real) +
+                 f" | {frac(r['useful_fraction'])} | {frac(r['padded_useful_fraction'])} | "
+                 f"{r['compiles_after_first_step']} |")
+    return "\n".join(L) + "\n"

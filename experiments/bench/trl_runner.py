@@ -40,12 +40,17 @@ def default_trl_variants(shape, dtype, accel):
     return ("fp32", "fp32_1thread", "defaults") if shape == "tiny" else ("fp32_1thread", "fp32")
 
 
-def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, device, lr, beta, timeout_s=900):
+def run_trl(py, ckpt, prompts_file, T, G, steps, warmup, out, variant, device, lr, beta, timeout_s=900,
+            lengths_file=None, steps_per_generation=1):
+    """One TRL configuration's run (`steps` generations, the first `warmup` untimed); `lengths_file` forces each
+    row's completion length (the varlen workload), else every completion has T tokens."""
     mode, threads = TRL_VARIANTS[variant]
     cmd = [py, os.path.join(HERE, "trl_side.py"), "--model", ckpt, "--prompts", prompts_file,
            "--completion-len", str(T), "--group", str(G), "--steps", str(steps), "--warmup", str(warmup),
            "--lr", str(lr), "--beta", str(beta), "--out", out, "--variant", mode, "--threads", str(threads),
-           "--device", device]
+           "--device", device, "--steps-per-generation", str(steps_per_generation)]
+    if lengths_file:
+        cmd += ["--lengths", lengths_file]
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
     if os.path.exists(out):
         os.remove(out)
