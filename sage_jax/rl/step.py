@@ -243,6 +243,8 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
     updates per rollout: the trainer's own forward under the params that sampled (as TRL does), not the
     sampler's log-probs, which top-k / top-p / min-p renormalise (the first ratio would be the kept mass).
 
+    Under rl.pack_buckets each chunk's real tokens are packed behind its prompts (policy/packing.py).
+
     Both run in `rl.score_chunks` sequential row chunks of whole groups (interleaved prompts, so a batch
     sharded over its rows keeps every device's share in every chunk): the attention of only
     B / score_chunks rows is live at a time. The params enter the chunk loop as its (unchanged) carry and the
@@ -254,14 +256,13 @@ def no_gradient_passes(state: TrainState, ro: Rollout, merge, cfg: RLConfig) -> 
     temp = cfg.sampling.temperature or 1.0
     N, P = ro.prompt_NxP.shape
     B = N * G
+    shared_args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
     if cfg.pack_buckets:  # a chunk's N / C prompts once, their rows' real tokens packed behind them
-        args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
-        grid = row_grid(B // n_chunks, cfg.pack_buckets)
-        prompt_of = jnp.arange(B // n_chunks) // G
+        args, grid, prompt_of = shared_args, row_grid(B // n_chunks, cfg.pack_buckets), jnp.arange(B // n_chunks) // G
         score_rows = lambda params, p, pm, t, cm: packed_logp_entropy(merge, params, p, pm, t, cm, prompt_of, grid,
                                                                       cfg.logp_chunk, temp)
     elif cfg.share_prompt:
-        args = ((ro.prompt_NxP, 1), (ro.pmask_NxP, 1), (ro.tokens_BxT, G), (ro.cmask_BxT, G))
+        args = shared_args
         score_rows = lambda params, p, pm, t, cm: grouped_logp_entropy(merge(params), p, pm, t, cm, cfg.logp_chunk,
                                                                        temp)
     else:
