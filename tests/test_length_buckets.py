@@ -122,16 +122,22 @@ def _assert_same_step(padded, got):
     assert float(ref_m["train/kl"]) != 0 and float(ref_m["train/grad_norm"]) > 0  # the passes mattered
 
 
-def test_the_bucketed_step_compiles_once():
-    """Steps whose lengths differ run the same executable: a lax.switch among the static lengths."""
-    cfg, _, state, step = setup(length_buckets=2, loss=losses.LossConfig(beta=0.0), guide="none")
+@pytest.mark.parametrize("real", [dict(length_buckets=2), dict(pack_buckets=2)], ids=["buckets", "packing"])
+def test_the_real_token_step_compiles_once(real):
+    """Steps whose lengths differ run the same executable: a lax.switch among static lengths (or row counts)."""
+    cfg, _, state, step = setup(**real, loss=losses.LossConfig(beta=0.0), guide="none")
     for _ in range(2):
         state, m = step(state, batch())
     assert step._cache_size() == 1
+
+
+def test_real_token_settings_are_checked():
     with pytest.raises(ValueError, match="rl.length_buckets=3 does not divide"):
         R.RLConfig(group_size=4, length_buckets=3).check_batch(4)
     with pytest.raises(ValueError, match=r"rl.length_buckets=0 must be in \[1"):
         R.RLConfig(length_buckets=0)
+    with pytest.raises(ValueError, match="rl.pack_buckets=2 must be >= 0 .* exclusive with rl.length_buckets=2"):
+        R.RLConfig(pack_buckets=2, length_buckets=2)
 
 
 def test_pack_fills_rows_of_one_prompt_first_fit_longest_first():
@@ -146,16 +152,6 @@ def test_pack_fills_rows_of_one_prompt_first_fit_longest_first():
     assert offset.tolist() == [16, 0, 5, 0, 7, 0, 0, 10, 0, 0, 11, 9, 0, 0, 0, 0]
     assert int(rows) == 10
     assert row_grid(16, 4) == (4, 8, 12, 16) and row_grid(10, 4) == (3, 5, 8, 10) and row_grid(16, 1) == (16,)
-
-
-def test_the_packed_step_compiles_once():
-    """Steps whose lengths differ run the same executable: a lax.switch among the static row counts."""
-    cfg, _, state, step = setup(pack_buckets=2, loss=losses.LossConfig(beta=0.0), guide="none")
-    for _ in range(2):
-        state, m = step(state, batch())
-    assert step._cache_size() == 1
-    with pytest.raises(ValueError, match="rl.pack_buckets=2 must be >= 0 .* exclusive with rl.length_buckets=2"):
-        R.RLConfig(pack_buckets=2, length_buckets=2)
 
 
 def test_packed_scores_equal_the_shared_prompt_pass_under_attention_chunks_and_remat():
