@@ -33,139 +33,16 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from experiments.bench.report import markdown, plot_scaling, varlen_markdown  # noqa: E402
-from experiments.bench.reward import count_ones  # noqa: E402
-from experiments.bench import varlen  # noqa: E402
+from experiments.bench import step_setup as S, varlen  # noqa: E402
+from experiments.bench.step_setup import (BETA, LR, P_LEN, SHAPES, Setup, model_config, prompts, time_fused,  # noqa: E402
+                                         write_checkpoint)
 from experiments.bench.trl_runner import TRL_VARIANTS, default_trl_variants, ensure_trl_venv, run_trl  # noqa: E402
 
-from sage_jax.models import hf  # noqa: E402
-from sage_jax.models.decoder import Decoder  # noqa: E402
-from sage_jax.models.tiny import char_tokenizer, tiny_config  # noqa: E402
-from sage_jax.rewards.host import HostReward, encode_answers  # noqa: E402
 from sage_jax.rl import guides  # noqa: E402
-from sage_jax.policy import optim, state as train_state
-from sage_jax.rl import losses, step as R  # noqa: E402
+from sage_jax.rl import losses  # noqa: E402
 from sage_jax.rl.advantages import group_advantages  # noqa: E402
 from sage_jax.policy.logprobs import grouped_logp_entropy, sequence_logp_entropy  # noqa: E402
-from sage_jax.sampling import SamplingConfig, generate, left_pad, segment_lengths  # noqa: E402
-
-SHAPES = {  # the issue's two shapes; heads of 32 (tiny) / 64 (small) dims, 2 kv heads
-    "tiny": dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384, prompts=8, group=8, T=64),
-    "small": dict(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1536, prompts=8, group=8, T=128),
-    # Accelerator-sized: Qwen2.5-0.5B's width, MLP and head layout at half its depth (not a default shape).
-    "medium": dict(hidden_size=896, num_layers=12, num_heads=14, intermediate_size=4864, prompts=8, group=8, T=256),
-}
-LR, BETA, P_LEN = 1e-6, 0.04, 16
-
-# ------------------------------------------------------------------------------------------ compile counter
-_COMPILES = [0]
-
-
-def _on_event(name, *a, **k):
-    if name == "/jax/core/compile/backend_compile_duration":
-        _COMPILES[0] += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_event)
-
-
-# ------------------------------------------------------------------------------------------ setup
-def prompts(n: int) -> list[str]:
-    """n distinct 16-character prompts without spaces (one token per character, no padding)."""
-    out = [f"Q{i}:{i * 137 % 1000:03d}+{i * 71 % 1000:03d}=" for i in range(n)]
-    return [p + "?" * (P_LEN - len(p)) for p in out]
-
-
-def model_config(shape):
-    s = SHAPES[shape]
-    return tiny_config(hidden_size=s["hidden_size"], num_layers=s["num_layers"], num_heads=s["num_heads"],
-                       num_kv_heads=2, intermediate_size=s["intermediate_size"])
-
-
-def write_checkpoint(shape: str, workdir: str) -> str:
-    out = os.path.join(workdir, f"ckpt_{shape}")
-    if not os.path.exists(os.path.join(out, "model.safetensors")):
-        cfg = model_config(shape)
-        hf.save(Decoder(cfg, rngs=nnx.Rngs(0)), cfg, out, tokenizer=char_tokenizer())
-    return out
-
-
-def make_batch(tok, n):
-    ids = np.asarray([tok(p, add_special_tokens=False)["input_ids"] for p in prompts(n)], np.int32)
-    assert ids.shape == (n, P_LEN), ids.shape
-    return dict(prompt=jnp.asarray(ids), prompt_mask=jnp.ones_like(jnp.asarray(ids)),
-                answer=jnp.asarray(encode_answers(tok, ["0"] * n, 4)))
-
-
-def padded_batch(tok, texts):
-    """Prompts of varied length, left-padded to the longest (as TRL's tokenizer call pads them)."""
-    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in texts]
-    assert all(len(r) == len(t) for r, t in zip(rows, texts)), "one token per character"
-    ids, mask = left_pad(rows, tok.pad_token_id, multiple=1)
-    return dict(prompt=jnp.asarray(ids), prompt_mask=jnp.asarray(mask),
-                answer=jnp.asarray(encode_answers(tok, ["0"] * len(texts), 4)))
-
-
-DECODE_SEGMENTS = SamplingConfig.decode_segments  # the sampler's default; --decode-segments sets it for the run
-
-
-def rl_config(T, G, guide, share_prompt=True, stop=None, minibatches=1, **real):
-    """The bench's step: no stop id (completions run to T, or to `stop`'s forced lengths on the varlen workload)."""
-    sampling = SamplingConfig(max_new_tokens=T, temperature=1.0, eos_ids=(), pad_id=0, stop=stop,
-                              decode_segments=DECODE_SEGMENTS)
-    return R.RLConfig(group_size=G, sampling=sampling,
-                      loss=losses.LossConfig(beta=BETA, loss_type="grpo"), guide=guide, scale_rewards="group",
-                      share_prompt=share_prompt, num_minibatches=minibatches, **real)
-
-
-def optimizer():
-    # TRL's defaults: AdamW (0.9, 0.999, 1e-8), weight decay 0, grad clip 1.0, constant lr.
-    return optim.make_optimizer(optim.OptimConfig(learning_rate=LR, weight_decay=0.0, grad_clip_norm=1.0))
-
-
-class Setup:
-    """One side of a comparison: the model from `ckpt`, the fused step and its batch. The uniform workload's
-    batch is `n_prompts` of the 16-token prompts; `texts` (the varlen workload) gives prompts left-padded to the
-    longest, and `stop` / `minibatches` / `real` its forced lengths, updates per rollout and real-token setting
-    (rl.length_buckets or rl.pack_buckets)."""
-
-    def __init__(self, ckpt, T, G, guide, n_prompts, dtype="float32", share_prompt=True, texts=None, stop=None,
-                 minibatches=1, **real):
-        self.tok = char_tokenizer()
-        # Parameters stay float32 (the optimizer's master copy); `dtype` is the compute dtype, like torch AMP.
-        model, self.mcfg = hf.load(ckpt, dtype=jnp.dtype(dtype), param_dtype=jnp.float32)
-        self.cfg = rl_config(T, G, guide, share_prompt, stop, minibatches, **real)
-        self.tx, self.lr_fn = optimizer()
-        self.host = HostReward(self.tok, count_ones)
-        self.graphdef, self.state = train_state.init_train_state(model, self.cfg, self.tx, seed=0)
-        self.batch = make_batch(self.tok, n_prompts) if texts is None else padded_batch(self.tok, texts)
-        self.step_fn = R.make_rl_step(self.graphdef, self.cfg, self.tx, self.lr_fn, self.host)
-        self.T, self.G, self.N = T, G, n_prompts
-        # the rollout's completion tokens: every row at T, or the forced lengths
-        self.expected_tokens = n_prompts * G * T if stop is None else sum(stop.lengths)
-
-
-def time_fused(s: Setup, warmup: int, steps: int):
-    """Median wall time of the fused step after `warmup` steps, and the compiles during the timed steps."""
-    times, compiles_before = [], None
-    for i in range(warmup + steps):
-        if i == 1:
-            compiles_before = _COMPILES[0]
-        t0 = time.perf_counter()
-        s.state, m = s.step_fn(s.state, s.batch)
-        jax.block_until_ready((s.state, m))
-        times.append(time.perf_counter() - t0)
-    m = jax.device_get(m)
-    tokens = int(m["rollout/tokens"])
-    assert tokens == s.expected_tokens, (tokens, s.expected_tokens, "completions were not of the forced lengths")
-    return dict(step_s=times, median_step_s=statistics.median(times[warmup:]), first_step_s=times[0],
-                compiles_after_first_step=_COMPILES[0] - compiles_before, completion_tokens=tokens,
-                jit_cache_size=s.step_fn._cache_size(), device_peak_bytes=device_peak_bytes())
-
-
-def device_peak_bytes():
-    """The accelerator allocator's peak since the process started (None on CPU, which keeps no stats)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("peak_bytes_in_use")
+from sage_jax.sampling import SamplingConfig, generate, segment_lengths  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ phases
@@ -289,86 +166,6 @@ def flops(mcfg, B, P, T, N=None, segments=1):
     return dict(decode=decode, ref_forward=fwd, train=3 * fwd, params_matmul=body + D * V)
 
 
-# ------------------------------------------------------------------------------------------ varlen workload
-def timed_step(s: Setup) -> float:
-    t0 = time.perf_counter()
-    s.state, m = s.step_fn(s.state, s.batch)
-    jax.block_until_ready((s.state, m))
-    dt = time.perf_counter() - t0
-    tokens = int(jax.device_get(m["rollout/tokens"]))
-    assert tokens == s.expected_tokens, (tokens, s.expected_tokens, "completions were not of the forced lengths")
-    return dt
-
-
-def measure_varlen(shape, a, py, variants, accel) -> dict:
-    """The variable-length workload at `shape` (experiments/bench/varlen.py): our step under each of
-    varlen.SETTINGS (padded, length buckets, packing) alternating, before and after TRL's configurations on the
-    same forced lengths; "ours" is the faster real-token setting; the useful fraction of each phase."""
-    w = varlen.workload(shape)
-    N, G, P, T = w["N"], w["G"], w["P"], w["T"]
-    mcfg = varlen.model_config(shape)
-    ckpt = os.path.join(a.workdir, f"ckpt_varlen_{shape}")
-    if not os.path.exists(os.path.join(ckpt, "model.safetensors")):
-        hf.save(Decoder(mcfg, rngs=nnx.Rngs(0)), mcfg, ckpt, tokenizer=char_tokenizer())
-    stop = varlen.ForcedLengths(w["lengths"])
-    M = varlen.MINIBATCHES
-    sides = {name: Setup(ckpt, T, G, "none", N, a.dtype, texts=w["prompts"], stop=stop, minibatches=M, **real)
-             for name, real in varlen.SETTINGS.items()}
-    L = np.asarray(w["lengths"])
-    r = dict(workload=varlen.WORKLOAD, rows=N * G, N=N, G=G, P=P, T=T, minibatches=M, settings=varlen.SETTINGS,
-             mean_length=float(L.mean()), capped_rows=int((L == T).sum()),
-             mean_prompt_length=float(np.mean(w["prompt_lengths"])), lengths=w["lengths"],
-             prompt_lengths=w["prompt_lengths"])
-    r["first_step_s"] = {k: timed_step(s) for k, s in sides.items()}  # compiles
-    times, compiles_before = {k: [] for k in sides}, _COMPILES[0]
-    reps = 3 if shape == "tiny" else 2
-
-    def alternate():  # A/B alternating, so drift of the shared machine hits every setting alike
-        for _ in range(reps):
-            for k, s in sides.items():
-                times[k].append(timed_step(s))
-                print(f"varlen {shape} {k} {times[k][-1]:.3f} s", flush=True)
-
-    alternate()
-    if py:
-        wd = a.workdir
-        pf, lf = os.path.join(wd, f"varlen_{shape}_prompts.json"), os.path.join(wd, f"varlen_{shape}_lengths.json")
-        json.dump(w["prompts"], open(pf, "w"))
-        json.dump(w["lengths"], open(lf, "w"))
-        tw, ts = (1, 3) if accel else (2, 3) if shape == "tiny" else (1, 2)
-        for variant in variants or default_trl_variants(shape, a.dtype, accel):
-            t = r[f"trl_{variant}"] = run_trl(py, ckpt, pf, T, G, tw + ts, tw, os.path.join(wd, f"trl_varlen_{shape}_"
-                                              f"{variant}.json"), variant, "cuda" if accel else "cpu", LR, BETA,
-                                              timeout_s=900, lengths_file=lf, steps_per_generation=M)
-            seen = t.get("completion_lengths") or []  # (min, max, mean) per logged update
-            t["lengths_match"] = bool(seen) and all(abs(mn - L.min()) < 1e-6 and abs(mx - L.max()) < 1e-6 and
-                                                    abs(mean - L.mean()) < 1e-3 for mn, mx, mean in seen)
-            if not t["lengths_match"]:
-                print(f"TRL {variant} at {shape}: completion lengths {seen[:2]} are not the forced ones "
-                      f"(min {L.min()}, max {L.max()}, mean {L.mean():.3f}): not comparable", flush=True)
-            print(f"varlen {shape} trl {variant} {t['median_step_s']:.3f} s", flush=True)
-        if not accel:
-            alternate()  # ours once more after TRL: this CPU is shared, so bracket TRL's run with ours
-    r["compiles_after_first_step"] = _COMPILES[0] - compiles_before
-    r["step_s"] = times
-    medians = {k: statistics.median(v) for k, v in times.items()}
-    r["ours_setting"] = min((k for k in medians if k != "padded"), key=medians.get)
-    r["ours_step_s"], r["padded_step_s"] = medians[r["ours_setting"]], medians["padded"]
-    r["setting_step_s"] = medians
-    r["speedup_vs_padded"] = r["padded_step_s"] / r["ours_step_s"]
-    trl = {v: r[f"trl_{v}"]["median_step_s"] for v in TRL_VARIANTS if f"trl_{v}" in r and
-           r[f"trl_{v}"]["lengths_match"] and r[f"trl_{v}"]["median_step_s"] == r[f"trl_{v}"]["median_step_s"]}
-    if trl:
-        r["trl_best_variant"] = min(trl, key=trl.get)
-        r["trl_step_s"] = trl[r["trl_best_variant"]]
-        r["speedup_vs_trl"] = r["trl_step_s"] / r["ours_step_s"]
-    r["flops"] = {k: varlen.useful_fractions(mcfg, w, real, DECODE_SEGMENTS, M) for k, real in varlen.SETTINGS.items()}
-    fractions = {k: {ph: v["fraction"] for ph, v in f.items()} for k, f in r["flops"].items()}
-    r["useful_fraction"], r["padded_useful_fraction"] = fractions[r["ours_setting"]], fractions["padded"]
-    r["setting_useful_fraction"] = fractions
-    return r
-
-
 # ------------------------------------------------------------------------------------------ main
 def main():
     ap = argparse.ArgumentParser()
@@ -402,8 +199,7 @@ def main():
     a = ap.parse_args()
     if a.recount:
         return recount(a.recount)
-    global DECODE_SEGMENTS
-    DECODE_SEGMENTS = a.decode_segments
+    S.DECODE_SEGMENTS = a.decode_segments
     workloads = a.workloads.split(",")
     if not workloads or set(workloads) - {"uniform", "varlen"}:
         ap.error(f"--workloads: of uniform, varlen; got {a.workloads!r}")
@@ -506,7 +302,7 @@ def main():
         save()
 
     for shape in varlen_shapes:
-        res["varlen"][shape] = measure_varlen(shape, a, py, variants, accel)
+        res["varlen"][shape] = varlen.measure(shape, a, py, variants, accel)
         save()
         print(varlen_markdown(res), flush=True)
         if name == "results" and os.path.abspath(a.out) == HERE:  # the committed file: the README quotes it

@@ -112,7 +112,7 @@ def main():
     ap.add_argument("--T", type=int, default=64)
     args = ap.parse_args()
     if not os.path.exists(os.path.join(args.ckpt, "model.safetensors")):
-        from experiments.bench.bench import write_checkpoint
+        from experiments.bench.step_setup import write_checkpoint
         args.ckpt = write_checkpoint("tiny", os.path.dirname(args.ckpt))
     model, _ = hf.load(args.ckpt)
     graphdef, state = nnx.split(model)

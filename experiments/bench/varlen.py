@@ -20,12 +20,16 @@ padding and masked attention scores included.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from experiments.bench import step_setup as S  # noqa: E402
+from experiments.bench.trl_runner import TRL_VARIANTS, default_trl_variants, run_trl  # noqa: E402
 from experiments.varlen.run import CAPPED, MEAN_FRACTION, SHAPES, SIGMA, lengths as completion_lengths  # noqa: E402
 
 # Our step's real-token settings timed on this workload ("ours" is the faster in the run, as TRL's is its fastest
@@ -178,3 +182,71 @@ def useful_fractions(mcfg, w: dict, real: dict, segments: int, minibatches: int 
     policy = (3 * sum(executed_fwd(mb, lambda r: N <= r) for mb in minibatch), 3 * sum(real_fwd(mb) for mb in minibatch))
     out = {"decode": decode, "reference": scores, "old": scores, "policy": policy}
     return {k: dict(executed_flops=float(e), real_flops=float(r), fraction=float(r / e)) for k, (e, r) in out.items()}
+
+
+# ------------------------------------------------------------------------------------------ the run
+def measure(shape, a, py, variants, accel) -> dict:
+    """The variable-length workload at `shape` (experiments/bench/py): our step under each of
+    SETTINGS (padded, length buckets, packing) alternating, before and after TRL's configurations on the
+    same forced lengths; "ours" is the faster real-token setting; the useful fraction of each phase."""
+    w = workload(shape)
+    N, G, P, T = w["N"], w["G"], w["P"], w["T"]
+    mcfg = model_config(shape)
+    ckpt = S.save_random(mcfg, os.path.join(a.workdir, f"ckpt_varlen_{shape}"))
+    stop = ForcedLengths(w["lengths"])
+    M = MINIBATCHES
+    sides = {name: S.Setup(ckpt, T, G, "none", N, a.dtype, texts=w["prompts"], stop=stop, minibatches=M, **real)
+             for name, real in SETTINGS.items()}
+    L = np.asarray(w["lengths"])
+    r = dict(workload=WORKLOAD, rows=N * G, N=N, G=G, P=P, T=T, minibatches=M, settings=SETTINGS,
+             mean_length=float(L.mean()), capped_rows=int((L == T).sum()),
+             mean_prompt_length=float(np.mean(w["prompt_lengths"])), lengths=w["lengths"],
+             prompt_lengths=w["prompt_lengths"])
+    r["first_step_s"] = {k: S.timed_step(s) for k, s in sides.items()}  # compiles
+    times, compiles_before = {k: [] for k in sides}, S._COMPILES[0]
+    reps = 3 if shape == "tiny" else 2
+
+    def alternate():  # A/B alternating, so drift of the shared machine hits every setting alike
+        for _ in range(reps):
+            for k, s in sides.items():
+                times[k].append(S.timed_step(s))
+                print(f"varlen {shape} {k} {times[k][-1]:.3f} s", flush=True)
+
+    alternate()
+    if py:
+        wd = a.workdir
+        pf, lf = os.path.join(wd, f"varlen_{shape}_prompts.json"), os.path.join(wd, f"varlen_{shape}_lengths.json")
+        json.dump(w["prompts"], open(pf, "w"))
+        json.dump(w["lengths"], open(lf, "w"))
+        tw, ts = (1, 3) if accel else (2, 3) if shape == "tiny" else (1, 2)
+        for variant in variants or default_trl_variants(shape, a.dtype, accel):
+            t = r[f"trl_{variant}"] = run_trl(py, ckpt, pf, T, G, tw + ts, tw, os.path.join(wd, f"trl_varlen_{shape}_"
+                                              f"{variant}.json"), variant, "cuda" if accel else "cpu", S.LR, S.BETA,
+                                              timeout_s=900, lengths_file=lf, steps_per_generation=M)
+            seen = t.get("completion_lengths") or []  # (min, max, mean) per logged update
+            t["lengths_match"] = bool(seen) and all(abs(mn - L.min()) < 1e-6 and abs(mx - L.max()) < 1e-6 and
+                                                    abs(mean - L.mean()) < 1e-3 for mn, mx, mean in seen)
+            if not t["lengths_match"]:
+                print(f"TRL {variant} at {shape}: completion lengths {seen[:2]} are not the forced ones "
+                      f"(min {L.min()}, max {L.max()}, mean {L.mean():.3f}): not comparable", flush=True)
+            print(f"varlen {shape} trl {variant} {t['median_step_s']:.3f} s", flush=True)
+        if not accel:
+            alternate()  # ours once more after TRL: this CPU is shared, so bracket TRL's run with ours
+    r["compiles_after_first_step"] = S._COMPILES[0] - compiles_before
+    r["step_s"] = times
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    r["ours_setting"] = min((k for k in medians if k != "padded"), key=medians.get)
+    r["ours_step_s"], r["padded_step_s"] = medians[r["ours_setting"]], medians["padded"]
+    r["setting_step_s"] = medians
+    r["speedup_vs_padded"] = r["padded_step_s"] / r["ours_step_s"]
+    trl = {v: r[f"trl_{v}"]["median_step_s"] for v in TRL_VARIANTS if f"trl_{v}" in r and
+           r[f"trl_{v}"]["lengths_match"] and r[f"trl_{v}"]["median_step_s"] == r[f"trl_{v}"]["median_step_s"]}
+    if trl:
+        r["trl_best_variant"] = min(trl, key=trl.get)
+        r["trl_step_s"] = trl[r["trl_best_variant"]]
+        r["speedup_vs_trl"] = r["trl_step_s"] / r["ours_step_s"]
+    r["flops"] = {k: useful_fractions(mcfg, w, real, S.DECODE_SEGMENTS, M) for k, real in SETTINGS.items()}
+    fractions = {k: {ph: v["fraction"] for ph, v in f.items()} for k, f in r["flops"].items()}
+    r["useful_fraction"], r["padded_useful_fraction"] = fractions[r["ours_setting"]], fractions["padded"]
+    r["setting_useful_fraction"] = fractions
+    return r
